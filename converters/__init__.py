@@ -1,0 +1,1 @@
+"""Built-in HF checkpoint -> GGUF converters (installed as deepseek_cpu.converters)."""

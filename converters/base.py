@@ -1,0 +1,61 @@
+"""What every converter produces: GGUF metadata and a plan of output tensors.
+
+The plan is built from checkpoint headers alone (names, shapes, types), so the GGUF
+header can be written before any weight is read; each tensor is then produced,
+written and dropped in turn, which keeps peak memory at the largest single tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+
+OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+
+
+class ConversionError(ValueError):
+    """The checkpoint cannot be converted; the message says why."""
+
+
+class UnsupportedArchitecture(ConversionError):
+    pass
+
+
+@dataclass
+class TensorPlan:
+    name: str                      # GGUF tensor name
+    shape: tuple[int, ...]         # numpy order (outermost first); GGUF stores it reversed
+    qtype: gguf.GGMLQuantizationType
+    produce: Callable[[], np.ndarray]  # float32 data, called once while writing
+    sources: list[str] = field(default_factory=list)  # checkpoint tensors it is made of
+
+    @property
+    def nbytes(self) -> int:
+        block, type_size = gguf.GGML_QUANT_SIZES[self.qtype]
+        n = int(np.prod(self.shape, dtype=np.int64))
+        return n // block * type_size
+
+
+def choose_qtype(name: str, shape: tuple[int, ...], outtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+    """Norms, biases and the router stay f32 (tiny, and precision matters there);
+    a row that does not fill whole quant blocks falls back to f16."""
+    if len(shape) < 2 or name.endswith((".bias", "_norm.weight", "ffn_gate_inp.weight")) or "norm" in name.split(".")[-2]:
+        return Q.F32
+    block, _ = gguf.GGML_QUANT_SIZES[outtype]
+    if shape[-1] % block != 0:
+        return Q.F16
+    return outtype
+
+
+def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """float32 data -> the bytes GGUF stores for `qtype`."""
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    if qtype == Q.F32:
+        return data
+    if qtype == Q.F16:
+        return data.astype(np.float16)
+    return gguf.quants.quantize(data, qtype)

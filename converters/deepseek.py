@@ -1,0 +1,295 @@
+"""DeepSeek-V2 / V3 checkpoints (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) -> deepseek2 GGUF.
+
+Covers V2, V2-Lite, Coder-V2(-Lite), V2.5, V3 and R1 as published on the hub: bf16
+safetensors shards, per-expert tensors, and config.json in DeepSeek's original form
+(`rope_scaling`) or transformers 5's (`rope_parameters`).
+
+The output is MLA-ready: kv_b_proj is split into attn_k_b (transposed per head) and
+attn_v_b, so the engine can attend in the compressed latent space; routed experts are
+stacked into one 3-D tensor per projection.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from deepseek_cpu.hookspecs import hookimpl
+
+from .base import ConversionError, TensorPlan, choose_qtype
+from .checkpoint import Checkpoint, CheckpointError
+
+ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+ARCH = "deepseek2"
+
+# how the router ranks groups of experts (the engine's deepseek2.expert_group_score_topk):
+# V2's group_limited_greedy keeps the groups holding the best single experts,
+# V3's noaux_tc the groups with the best top-2 sums.
+GROUP_SCORE_TOPK = {"group_limited_greedy": 1, "noaux_tc": 2}
+
+
+def rope_config(cfg: dict) -> dict:
+    """RoPE settings from either config form, as one flat dict."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        params = params["full_attention"]
+    if isinstance(params, dict):
+        rope = dict(params)
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    else:
+        rope = dict(cfg.get("rope_scaling") or {})
+        rope_type = rope.get("type") or rope.get("rope_type") or "default"
+        rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope["rope_type"] = rope_type
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    return rope
+
+
+class DeepseekConverter:
+    arch = ARCH
+
+    def __init__(self, config: dict, model_dir: Path):
+        self.cfg = config
+        self.dir = Path(model_dir)
+        self.hf_arch = (config.get("architectures") or [None])[0]
+        self.is_v3 = self.hf_arch == "DeepseekV3ForCausalLM" or config.get("model_type") == "deepseek_v3"
+        need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size"]
+        missing = [k for k in need if config.get(k) is None]
+        if missing:
+            raise ConversionError(f"{self.dir}/config.json lacks {', '.join(missing)}")
+        self.n_layer = int(config["num_hidden_layers"])
+        self.n_head = int(config["num_attention_heads"])
+        self.q_lora = config.get("q_lora_rank")
+        self.n_expert = int(config.get("n_routed_experts") or 0)
+        self.first_dense = int(config.get("first_k_dense_replace") or (0 if self.n_expert else self.n_layer))
+        self.moe_freq = int(config.get("moe_layer_freq") or 1)
+        self.topk_method = config.get("topk_method") or ("noaux_tc" if self.is_v3 else "greedy")
+        self.scoring = config.get("scoring_func") or ("sigmoid" if self.is_v3 else "softmax")
+        self.rope = rope_config(config)
+        self.ckpt: Checkpoint | None = None
+
+    # -- description -------------------------------------------------------------
+
+    def describe(self) -> str:
+        return (f"{self.hf_arch}: {self.n_layer} layers, hidden {self.cfg['hidden_size']}, "
+                f"{self.n_expert} experts ({self.topk_method}, {self.scoring}), "
+                f"q-LoRA {self.q_lora or 'none'}, rope {self.rope['rope_type']}")
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.n_expert > 0 and i >= self.first_dense and i % self.moe_freq == 0
+
+    # -- metadata ------------------------------------------------------------------
+
+    def write_metadata(self, w: gguf.GGUFWriter) -> None:
+        c = self.cfg
+        kv_lora, nope, rope_dim, v_dim = (int(c[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+        name = c.get("_name_or_path") or self.dir.name
+        w.add_name(Path(str(name)).name)
+        w.add_block_count(self.n_layer)
+        w.add_context_length(int(c.get("max_position_embeddings", 4096)))
+        w.add_embedding_length(int(c["hidden_size"]))
+        w.add_feed_forward_length(int(c.get("intermediate_size") or c.get("moe_intermediate_size")))
+        w.add_head_count(self.n_head)
+        # MLA is run as MQA over the latent: one KV "head" of kv_lora + rope width
+        w.add_head_count_kv(1)
+        w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
+        w.add_vocab_size(int(c["vocab_size"]))
+        w.add_leading_dense_block_count(self.first_dense)
+        if self.q_lora:
+            w.add_q_lora_rank(int(self.q_lora))
+        w.add_kv_lora_rank(kv_lora)
+        w.add_key_length(kv_lora + rope_dim)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope_dim)
+        w.add_value_length_mla(v_dim)
+        w.add_rope_dimension_count(rope_dim)
+        w.add_rope_freq_base(float(self.rope["rope_theta"]))
+        self._write_rope_scaling(w)
+        self._write_routing(w)
+
+    def _write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
+        r = self.rope
+        t = r["rope_type"]
+        if t in ("default", None):
+            return
+        if t != "yarn":
+            raise ConversionError(f"rope type {t!r} is not supported for DeepSeek checkpoints (expected yarn or none)")
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(r["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(r["original_max_position_embeddings"]))
+        if r.get("beta_fast") is not None:
+            w.add_rope_scaling_yarn_beta_fast(float(r["beta_fast"]))
+        if r.get("beta_slow") is not None:
+            w.add_rope_scaling_yarn_beta_slow(float(r["beta_slow"]))
+        if r.get("mscale_all_dim") is not None:
+            # the engine divides this key by 0.1 (llama.cpp's legacy encoding for deepseek2)
+            w.add_rope_scaling_yarn_log_mul(0.1 * float(r["mscale_all_dim"]))
+
+    def _write_routing(self, w: gguf.GGUFWriter) -> None:
+        c = self.cfg
+        w.add_expert_feed_forward_length(int(c.get("moe_intermediate_size") or c.get("intermediate_size")))
+        w.add_expert_shared_count(int(c.get("n_shared_experts") or 0))
+        if not self.n_expert:
+            return
+        w.add_expert_count(self.n_expert)
+        w.add_expert_used_count(int(c["num_experts_per_tok"]))
+        if self.scoring == "sigmoid":
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        elif self.scoring == "softmax":
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+        else:
+            raise ConversionError(f"scoring_func {self.scoring!r} is not supported (softmax or sigmoid)")
+        norm = bool(c.get("norm_topk_prob", False))
+        scale = float(c.get("routed_scaling_factor") or 1.0)
+        if norm and not self.is_v3:
+            # DeepSeek-V2 applies routed_scaling_factor only when it does not renormalise
+            scale = 1.0
+        w.add_expert_weights_norm(norm)
+        w.add_expert_weights_scale(scale)
+        n_group, topk_group = int(c.get("n_group") or 1), int(c.get("topk_group") or 1)
+        if self.topk_method in GROUP_SCORE_TOPK:
+            if n_group > 1:
+                if self.n_expert % n_group:
+                    raise ConversionError(f"n_routed_experts {self.n_expert} is not a multiple of n_group {n_group}")
+                w.add_expert_group_count(n_group)
+                w.add_expert_group_used_count(topk_group)
+            w.add_uint32(f"{ARCH}.expert_group_score_topk", GROUP_SCORE_TOPK[self.topk_method])
+        elif self.topk_method != "greedy":
+            raise ConversionError(f"topk_method {self.topk_method!r} is not supported "
+                                  f"(greedy, group_limited_greedy or noaux_tc)")
+
+    # -- tensors -------------------------------------------------------------------
+
+    def plan(self, ckpt: Checkpoint, outtype: gguf.GGMLQuantizationType) -> list[TensorPlan]:
+        self.ckpt = ckpt
+        c = self.cfg
+        plans: list[TensorPlan] = []
+        used: set[str] = set()
+
+        def expect(name: str, shape: tuple[int, ...]) -> None:
+            if name not in ckpt:
+                raise CheckpointError(f"{self.dir}: tensor {name} is missing from the checkpoint")
+            if ckpt.shape(name) != shape:
+                raise CheckpointError(f"{self.dir}: tensor {name} has shape {ckpt.shape(name)}, "
+                                      f"config.json implies {shape}")
+
+        def direct(gguf_name: str, src: str, shape: tuple[int, ...]) -> None:
+            expect(src, shape)
+            used.add(src)
+            plans.append(TensorPlan(gguf_name, shape, choose_qtype(gguf_name, shape, outtype),
+                                    lambda: ckpt.f32(src), [src]))
+
+        H, V = int(c["hidden_size"]), int(c["vocab_size"])
+        nope, rope_dim, v_dim, kv_lora = (int(c[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+        qk = nope + rope_dim
+        n_ff = int(c.get("intermediate_size") or 0)
+        n_ff_exp = int(c.get("moe_intermediate_size") or 0)
+
+        direct("token_embd.weight", "model.embed_tokens.weight", (V, H))
+        for i in range(self.n_layer):
+            p, b = f"model.layers.{i}.", f"blk.{i}."
+            direct(b + "attn_norm.weight", p + "input_layernorm.weight", (H,))
+            if self.q_lora:
+                r = int(self.q_lora)
+                direct(b + "attn_q_a.weight", p + "self_attn.q_a_proj.weight", (r, H))
+                direct(b + "attn_q_a_norm.weight", p + "self_attn.q_a_layernorm.weight", (r,))
+                direct(b + "attn_q_b.weight", p + "self_attn.q_b_proj.weight", (self.n_head * qk, r))
+            else:
+                direct(b + "attn_q.weight", p + "self_attn.q_proj.weight", (self.n_head * qk, H))
+            direct(b + "attn_kv_a_mqa.weight", p + "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope_dim, H))
+            direct(b + "attn_kv_a_norm.weight", p + "self_attn.kv_a_layernorm.weight", (kv_lora,))
+            kvb = p + "self_attn.kv_b_proj.weight"
+            expect(kvb, (self.n_head * (nope + v_dim), kv_lora))
+            used.add(kvb)
+            plans.append(TensorPlan(b + "attn_k_b.weight", (self.n_head, kv_lora, nope),
+                                    choose_qtype(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), outtype),
+                                    lambda kvb=kvb: self._k_b(kvb), [kvb]))
+            plans.append(TensorPlan(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora),
+                                    choose_qtype(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), outtype),
+                                    lambda kvb=kvb: self._v_b(kvb), [kvb]))
+            direct(b + "attn_output.weight", p + "self_attn.o_proj.weight", (H, self.n_head * v_dim))
+            direct(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
+            if not self.is_moe_layer(i):
+                direct(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", (n_ff, H))
+                direct(b + "ffn_up.weight", p + "mlp.up_proj.weight", (n_ff, H))
+                direct(b + "ffn_down.weight", p + "mlp.down_proj.weight", (H, n_ff))
+                continue
+            direct(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", (self.n_expert, H))
+            bias = p + "mlp.gate.e_score_correction_bias"
+            if bias in ckpt:
+                direct(b + "exp_probs_b.bias", bias, (self.n_expert,))
+            elif self.topk_method == "noaux_tc":
+                raise CheckpointError(f"{self.dir}: noaux_tc routing needs {bias}, which is missing")
+            for proj, gname, shape in (("gate_proj", "ffn_gate_exps", (n_ff_exp, H)),
+                                       ("up_proj", "ffn_up_exps", (n_ff_exp, H)),
+                                       ("down_proj", "ffn_down_exps", (H, n_ff_exp))):
+                srcs = [f"{p}mlp.experts.{e}.{proj}.weight" for e in range(self.n_expert)]
+                for s in srcs:
+                    expect(s, shape)
+                used.update(srcs)
+                full = (self.n_expert, *shape)
+                plans.append(TensorPlan(b + gname + ".weight", full, choose_qtype(b + gname, full, outtype),
+                                        lambda srcs=srcs: self._stack(srcs), srcs))
+            n_sh = int(c.get("n_shared_experts") or 0)
+            if n_sh:
+                f = n_ff_exp * n_sh
+                direct(b + "ffn_gate_shexp.weight", p + "mlp.shared_experts.gate_proj.weight", (f, H))
+                direct(b + "ffn_up_shexp.weight", p + "mlp.shared_experts.up_proj.weight", (f, H))
+                direct(b + "ffn_down_shexp.weight", p + "mlp.shared_experts.down_proj.weight", (H, f))
+        direct("output_norm.weight", "model.norm.weight", (H,))
+        if "lm_head.weight" in ckpt:
+            direct("output.weight", "lm_head.weight", (V, H))
+        elif not c.get("tie_word_embeddings"):
+            raise CheckpointError(f"{self.dir}: lm_head.weight is missing and tie_word_embeddings is not set")
+
+        # multi-token-prediction layers (V3's layer 61) are not used for decoding
+        mtp = re.compile(rf"model\.layers\.(\d+)\.")
+        left = [n for n in ckpt.names() if n not in used
+                and not ((m := mtp.match(n)) and int(m.group(1)) >= self.n_layer)
+                and not n.endswith("rotary_emb.inv_freq")]
+        if left:
+            raise CheckpointError(f"{self.dir}: {len(left)} checkpoint tensors are not understood "
+                                  f"by the {self.hf_arch} converter, e.g. {left[:4]}")
+        return plans
+
+    def _kv_b(self, src: str) -> np.ndarray:
+        c = self.cfg
+        nope, v_dim = int(c["qk_nope_head_dim"]), int(c["v_head_dim"])
+        kv_b = self.ckpt.f32(src)
+        return kv_b.reshape(self.n_head, nope + v_dim, kv_b.shape[-1])
+
+    def _k_b(self, src: str) -> np.ndarray:
+        nope = int(self.cfg["qk_nope_head_dim"])
+        # per head: latent -> key rows, transposed so the engine can absorb it into q
+        return np.ascontiguousarray(self._kv_b(src)[:, :nope, :].transpose(0, 2, 1))
+
+    def _v_b(self, src: str) -> np.ndarray:
+        nope = int(self.cfg["qk_nope_head_dim"])
+        return np.ascontiguousarray(self._kv_b(src)[:, nope:, :])
+
+    def _stack(self, srcs: list[str]) -> np.ndarray:
+        first = self.ckpt.shape(srcs[0])
+        out = np.empty((len(srcs), *first), dtype=np.float32)
+        for e, s in enumerate(srcs):
+            out[e] = self.ckpt.f32(s)
+            self.ckpt.drop_pages(s)
+        return out
+
+
+# -- plugin hooks ------------------------------------------------------------------
+
+@hookimpl
+def deepseek_cpu_supported_architectures() -> list[str]:
+    return list(ARCHITECTURES)
+
+
+@hookimpl
+def deepseek_cpu_converter(config: dict, model_dir: Path):
+    archs = config.get("architectures") or []
+    if any(a in ARCHITECTURES for a in archs) or (not archs and config.get("model_type") in MODEL_TYPES):
+        return DeepseekConverter(config, model_dir)
+    return None

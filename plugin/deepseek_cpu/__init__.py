@@ -1,0 +1,37 @@
+"""deepseek-cpu: the DeepSeek-V2 family on CPUs, correct and fast.
+
+`from deepseek_cpu import Llama` gives llama_cpp.Llama with DeepSeek-friendly CPU
+defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGUF.
+Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
+"""
+from __future__ import annotations
+
+import os as _os
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("deepseek-cpu")
+except _metadata.PackageNotFoundError:  # running from a source checkout
+    __version__ = "0.0.0+src"
+
+# In a source checkout the built-in converters live in <repo>/converters; the wheel
+# installs them as deepseek_cpu/converters. Let the same import name work in both.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_src_converters = _os.path.join(_here, "..", "..", "converters")
+if not _os.path.isdir(_os.path.join(_here, "converters")) and _os.path.isdir(_src_converters):
+    __path__.append(_os.path.normpath(_os.path.join(_src_converters, "..")))  # type: ignore[name-defined]
+
+__all__ = ["Llama", "convert", "engine_info", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Llama":
+        from .llama import Llama
+        return Llama
+    if name == "convert":
+        from .convert import convert
+        return convert
+    if name == "engine_info":
+        from .engine import engine_info
+        return engine_info
+    raise AttributeError(name)

@@ -1,0 +1,127 @@
+"""The `deepseek-cpu` command."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+
+class _Group(click.Group):
+    """Lets plugins add commands through the deepseek_cpu_register_commands hook."""
+
+    _plugins_loaded = False
+
+    def _load(self):
+        if not _Group._plugins_loaded:
+            _Group._plugins_loaded = True
+            from . import plugins
+            plugins.load().hook.deepseek_cpu_register_commands(cli=self)
+
+    def list_commands(self, ctx):
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        self._load()
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="deepseek-cpu")
+def cli():
+    """DeepSeek-V2 family models on CPUs: convert checkpoints, run and inspect the engine."""
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info(as_json):
+    """Package version, llama.cpp commit, patches, CPU features and the library loaded."""
+    from .engine import engine_info
+    from .resources import default_threads
+    e = engine_info()
+    d = {
+        "version": e.version, "llama_cpp_commit": e.llama_cpp_commit, "patches": e.patches,
+        "library": e.library, "patched": e.patched, "build_info": e.build_info,
+        "cpu_features": e.cpu_features, "cpu_backend": e.cpu_backend, "default_threads": default_threads(),
+    }
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    click.echo(f"deepseek-cpu     {d['version']}")
+    click.echo(f"llama.cpp        {d['llama_cpp_commit']}")
+    click.echo(f"library          {d['library']}")
+    click.echo(f"patched engine   {'yes: ' + d['build_info'] if d['patched'] else 'NO (stock or foreign libllama)'}")
+    click.echo("patches          " + ("\n                 ".join(d["patches"]) or "none"))
+    click.echo(f"cpu features     {' '.join(d['cpu_features'])}")
+    click.echo(f"cpu backend      {d['cpu_backend']}")
+    click.echo(f"default threads  {d['default_threads']}")
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins_cmd(as_json):
+    """List loaded plugins, their versions and the hooks each implements."""
+    from .plugins import describe
+    rows = describe()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['name']}  ({r['package']} {r['version']})")
+        click.echo("    hooks: " + ", ".join(r["hooks"]))
+
+
+@cli.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default="bf16", show_default=True,
+              help="Type of the weight matrices (norms and the router stay f32).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def convert(checkpoint, out, outtype, quiet):
+    """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
+    from .convert import convert as do_convert
+    from .converters.base import ConversionError
+    from .converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
+    t0 = time.time()
+    try:
+        path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet)
+    except (ConversionError, MissingTokenizer, UnsupportedTokenizer) as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted; nothing was written", err=True)
+        sys.exit(130)
+    size = path.stat().st_size
+    click.echo(f"wrote {path} ({size / 2**20:.1f} MiB, {outtype}) in {time.time() - t0:.1f} s")
+
+
+@cli.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-n", "--max-tokens", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True)
+@click.option("--threads", type=int, default=None, help="Default: physical cores available.")
+@click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
+def run(model, prompt, max_tokens, temperature, threads, n_ctx):
+    """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
+    from .llama import Llama
+    kw = {"verbose": False}
+    if threads:
+        kw["n_threads"] = threads
+    if n_ctx:
+        kw["n_ctx"] = n_ctx
+    llm = Llama(model, **kw)
+    t0, n = time.time(), 0
+    for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
+        click.echo(chunk["choices"][0]["text"], nl=False)
+        n += 1
+    dt = time.time() - t0
+    click.echo(f"\n[{n} tokens in {dt:.2f} s, {n / dt if dt else 0:.1f} tok/s]", err=True)
+
+
+def main():
+    cli()

@@ -1,0 +1,164 @@
+"""HF checkpoint directory -> GGUF file, streamed tensor by tensor, written atomically.
+
+    from deepseek_cpu import convert
+    convert("DeepSeek-V2-Lite/", "v2-lite.gguf", outtype="bf16")
+
+The converter for the checkpoint is chosen by the `deepseek_cpu_converter` hook, so a
+plugin can add architectures. An interrupted or failed conversion leaves nothing at
+the output path.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from . import plugins
+from .converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode
+from .converters.checkpoint import Checkpoint, CheckpointError
+from .converters import tokenizer as tk
+
+__all__ = ["convert", "ConversionError", "UnsupportedArchitecture", "CheckpointError", "read_config", "find_converter"]
+
+
+def read_config(model_dir: Path) -> dict:
+    model_dir = Path(model_dir)
+    if not model_dir.exists():
+        raise ConversionError(f"{model_dir}: no such directory")
+    if not model_dir.is_dir():
+        raise ConversionError(f"{model_dir}: not a directory (give the checkpoint directory)")
+    path = model_dir / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConversionError(f"{model_dir}: no config.json; is this a Hugging Face checkpoint?") from None
+    except PermissionError as e:
+        raise ConversionError(f"{path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e})") from None
+
+
+def supported_architectures() -> list[str]:
+    pm = plugins.load()
+    return sorted({a for lst in pm.hook.deepseek_cpu_supported_architectures() for a in (lst or [])})
+
+
+def find_converter(config: dict, model_dir: Path):
+    pm = plugins.load()
+    conv = pm.hook.deepseek_cpu_converter(config=config, model_dir=Path(model_dir))
+    if conv is None:
+        archs = config.get("architectures") or [config.get("model_type", "unknown")]
+        raise UnsupportedArchitecture(
+            f"{model_dir}: architecture {', '.join(map(str, archs))} is not supported; "
+            f"supported: {', '.join(supported_architectures())}")
+    return conv
+
+
+def _tensor_transforms(conv) -> list:
+    pm = plugins.load()
+    return [f for lst in pm.hook.deepseek_cpu_tensor_transforms(converter=conv) for f in (lst or [])]
+
+
+def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32",
+            progress: bool = True) -> Path:
+    """Convert a checkpoint directory to a GGUF at `out_path`; returns the path."""
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    if outtype not in OUTTYPES:
+        raise ConversionError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
+    config = read_config(model_dir)
+    conv = find_converter(config, model_dir)
+    tok = tk.read_tokenizer(model_dir, int(config.get("vocab_size", 0)))
+    ckpt = Checkpoint(model_dir)
+    plans = conv.plan(ckpt, OUTTYPES[outtype])
+    transforms = _tensor_transforms(conv)
+
+    out_dir = out_path.parent if str(out_path.parent) else Path(".")
+    if not out_dir.is_dir():
+        raise ConversionError(f"{out_dir}: output directory does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    writer = gguf.GGUFWriter(None, conv.arch)
+    try:
+        writer.add_file_type(int(_file_type(outtype)))
+        conv.write_metadata(writer)
+        tk.write_tokenizer(writer, tok)
+        for p in plans:
+            dtype = _storage_dtype(p.qtype)
+            writer.add_tensor_info(p.name, _stored_shape(p.shape, p.qtype, dtype), dtype, p.nbytes, raw_dtype=p.qtype)
+        writer.open_output_file(tmp)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        total = sum(p.nbytes for p in plans)
+        bar = _bar(total, out_path.name, progress)
+        for p in plans:
+            data = p.produce()
+            for fn in transforms:
+                data = fn(p.name, data)
+            if tuple(data.shape) != p.shape:
+                raise ConversionError(f"tensor {p.name}: produced shape {data.shape}, planned {p.shape}")
+            raw = encode(data, p.qtype)
+            writer.write_tensor_data(raw)
+            bar.update(p.nbytes)
+            bar.set_postfix_str(p.name, refresh=False)
+            del data, raw
+        bar.close()
+        for f in writer.fout or []:
+            f.flush()
+            os.fsync(f.fileno())
+        writer.close()
+        os.replace(tmp, out_path)
+    except OSError as e:
+        _discard(writer, tmp)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise ConversionError(f"{out_dir}: no space left while writing {out_path.name} "
+                                  f"({_gib(sum(p.nbytes for p in plans))} GiB needed); nothing was written") from None
+        raise
+    except BaseException:
+        _discard(writer, tmp)
+        raise
+    finally:
+        ckpt.close()
+    return out_path
+
+
+def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:
+    try:
+        writer.close()
+    except Exception:
+        pass
+    tmp.unlink(missing_ok=True)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _storage_dtype(qtype: gguf.GGMLQuantizationType):
+    Q = gguf.GGMLQuantizationType
+    return {Q.F32: np.float32, Q.F16: np.float16}.get(qtype, np.uint8)
+
+
+def _stored_shape(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, dtype) -> tuple[int, ...]:
+    """gguf-py takes block-quantized tensors by their byte shape."""
+    if dtype is not np.uint8:
+        return shape
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    return (*shape[:-1], shape[-1] // block * type_size)
+
+
+def _file_type(outtype: str) -> gguf.LlamaFileType:
+    return {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                disable=not enabled, leave=False)

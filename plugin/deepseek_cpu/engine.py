@@ -1,0 +1,131 @@
+"""What engine this process runs: our library directory, the loaded libllama, its marker."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _dropin
+
+PACKAGE_LIB_DIR = Path(_dropin.LIB_DIR)
+
+
+class EngineNotPatched(RuntimeError):
+    """The libllama that llama_cpp loaded is not deepseek-cpu's build."""
+
+
+def lib_dir() -> Path:
+    """The directory llama_cpp loads from (ours unless overridden or opted out)."""
+    return Path(os.environ.get(_dropin.ENV_LIB, PACKAGE_LIB_DIR))
+
+
+def llama_lib() -> ctypes.CDLL:
+    """The libllama handle held by llama_cpp (importing it loads the library)."""
+    _dropin.activate()
+    import llama_cpp.llama_cpp as lc
+    return lc._lib
+
+
+def build_info(lib: ctypes.CDLL | None = None) -> str | None:
+    """The marker string of the patched engine, or None for any other libllama."""
+    lib = lib if lib is not None else llama_lib()
+    try:
+        fn = lib.deepseek_cpu_build_info
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return fn().decode()
+
+
+def loaded_library_path(lib: ctypes.CDLL | None = None) -> str:
+    """The file the dynamic loader actually mapped for libllama (from /proc/self/maps)."""
+    lib = lib if lib is not None else llama_lib()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if path.endswith("/libllama.so") or "/libllama.so." in path:
+                    return os.path.realpath(path)
+    except OSError:
+        pass
+    return lib._name
+
+
+def system_info() -> str:
+    import llama_cpp
+    return llama_cpp.llama_print_system_info().decode()
+
+
+def cpu_features() -> list[str]:
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return []
+    wanted = ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "avx512vbmi", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"]
+    return [w for w in wanted if w in flags]
+
+
+def source_info() -> dict:
+    p = PACKAGE_LIB_DIR / "deepseek-cpu-source.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclass
+class EngineInfo:
+    version: str
+    llama_cpp_commit: str
+    patches: list[str]
+    library: str
+    patched: bool
+    build_info: str | None
+    cpu_features: list[str]
+    cpu_backend: str
+    system_info: str
+    extra: dict = field(default_factory=dict)
+
+
+def cpu_backend_name(sysinfo: str) -> str:
+    """The CPU variant that ggml selected, as reported in system info (e.g. 'CPU : AVX512 = 1 ...')."""
+    parts = [p.strip() for p in sysinfo.split("|")]
+    feats = [p.split("=")[0].strip() for p in parts if p.endswith("= 1")]
+    return " ".join(f for f in feats if f.startswith(("AVX", "AMX", "SSE", "F16C", "FMA", "BMI"))) or "unknown"
+
+
+def engine_info() -> EngineInfo:
+    from . import __version__
+    lib = llama_lib()
+    marker = build_info(lib)
+    src = source_info()
+    sysinfo = system_info()
+    return EngineInfo(
+        version=__version__,
+        llama_cpp_commit=src.get("commit", "unknown"),
+        patches=src.get("patches", []),
+        library=loaded_library_path(lib),
+        patched=marker is not None,
+        build_info=marker,
+        cpu_features=cpu_features(),
+        cpu_backend=cpu_backend_name(sysinfo),
+        system_info=sysinfo,
+    )
+
+
+def require_patched() -> str:
+    marker = build_info()
+    if marker is None:
+        raise EngineNotPatched(
+            f"llama_cpp loaded {loaded_library_path()}, which is not deepseek-cpu's engine. "
+            f"Unset {_dropin.ENV_LIB} / {_dropin.ENV_DISABLE} or reinstall deepseek-cpu.")
+    return marker

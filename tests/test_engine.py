@@ -1,0 +1,117 @@
+"""The installed engine is ours, reached by a plain `import llama_cpp`, and fails safely."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_python
+
+SERIES = [l.strip() for l in (REPO / "patches" / "series").read_text().splitlines() if l.strip() and not l.startswith("#")]
+
+
+def test_plain_import_llama_cpp_loads_the_patched_library():
+    code = (
+        "import ctypes, os, llama_cpp\n"
+        "f = llama_cpp.llama_cpp._lib.deepseek_cpu_build_info\n"
+        "f.restype = ctypes.c_char_p\n"
+        "print(f().decode())\n"
+        "print(llama_cpp.llama_print_system_info().decode())\n"
+        "print([l.split()[-1] for l in open('/proc/self/maps') if l.rstrip().endswith('libllama.so')][0])\n"
+    )
+    r = run_python(code, unset=("LLAMA_CPP_LIB_PATH", "DEEPSEEK_CPU_DISABLE"))
+    assert r.returncode == 0, r.stderr
+    marker, sysinfo, path = r.stdout.strip().splitlines()
+    assert marker.startswith("deepseek-cpu ")
+    for p in SERIES:
+        assert p.removesuffix(".patch") in marker
+    assert "DEEPSEEK_CPU = deepseek-cpu" in sysinfo
+    import deepseek_cpu
+    assert Path(path).resolve().parent == (Path(deepseek_cpu.__file__).parent / "lib").resolve()
+
+
+def test_opt_out_leaves_llama_cpp_alone():
+    r = run_python("import os; print(os.environ.get('LLAMA_CPP_LIB_PATH', 'unset'))",
+                   env_extra={"DEEPSEEK_CPU_DISABLE": "1"}, unset=("LLAMA_CPP_LIB_PATH",))
+    assert r.stdout.strip() == "unset"
+    r = run_python("import os; print(os.environ.get('LLAMA_CPP_LIB_PATH', 'unset'))", unset=("LLAMA_CPP_LIB_PATH",))
+    assert r.stdout.strip().endswith("deepseek_cpu/lib")
+
+
+def test_user_lib_path_is_respected(tmp_path):
+    r = run_python("import os; print(os.environ['LLAMA_CPP_LIB_PATH'])", env_extra={"LLAMA_CPP_LIB_PATH": str(tmp_path)})
+    assert r.stdout.strip() == str(tmp_path)
+
+
+def test_info_command_reports_patches_and_library():
+    r = subprocess.run([sys.executable, "-m", "deepseek_cpu", "info", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["patched"] is True
+    assert d["patches"] == SERIES
+    assert len(d["llama_cpp_commit"]) == 40
+    assert d["library"].endswith("deepseek_cpu/lib/libllama.so")
+    assert d["default_threads"] >= 1
+
+
+def _tiny_llama_gguf(path: Path):
+    """A 2-layer random 'llama' model: not DeepSeek, must load as stock would."""
+    import gguf
+    rng = np.random.default_rng(0)
+    V, H, F, L, NH = 64, 32, 64, 2, 4
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(L); w.add_context_length(128); w.add_embedding_length(H)
+    w.add_feed_forward_length(F); w.add_head_count(NH); w.add_head_count_kv(NH)
+    w.add_layer_norm_rms_eps(1e-5); w.add_rope_dimension_count(H // NH)
+    w.add_tokenizer_model("gpt2"); w.add_tokenizer_pre("default")
+    toks = [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(V)]
+    w.add_token_list(toks); w.add_token_types([1] * V); w.add_token_merges(["a a"])
+    w.add_bos_token_id(0); w.add_eos_token_id(1)
+
+    def t(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    t("token_embd.weight", V, H); w.add_tensor("output_norm.weight", np.ones(H, np.float32)); t("output.weight", V, H)
+    for i in range(L):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(H, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(H, np.float32))
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t(f"blk.{i}.{n}.weight", H, H)
+        t(f"blk.{i}.ffn_gate.weight", F, H); t(f"blk.{i}.ffn_up.weight", F, H); t(f"blk.{i}.ffn_down.weight", H, F)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+
+def test_non_deepseek_gguf_still_loads(tmp_path):
+    p = tmp_path / "llama.gguf"
+    _tiny_llama_gguf(p)
+    from deepseek_cpu import Llama
+    llm = Llama(str(p), n_ctx=64, verbose=False)
+    llm.eval([2, 3, 4])
+    assert np.isfinite(np.array(llm.scores[:3])).all()
+    llm.close()
+
+
+def test_truncated_gguf_is_an_exception_not_a_crash(converted, tmp_path):
+    src = converted("v2_greedy", "f32").read_bytes()
+    for cut in (len(src) // 2, 200, 9):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(src[:cut])
+        code = (f"from deepseek_cpu import Llama\n"
+                f"try:\n    Llama({str(bad)!r}, verbose=False)\n"
+                f"except Exception as e:\n    print('EXC', type(e).__name__, e)\n")
+        r = run_python(code)
+        assert r.returncode == 0, f"process died (rc {r.returncode}) on a GGUF cut at {cut} bytes: {r.stderr[-500:]}"
+        assert r.stdout.startswith("EXC"), r.stdout
+
+
+def test_v2_lite_shape_with_other_layer_count_loads(converted):
+    """Stock fails with "key not found in model: deepseek2.attention.q_lora_rank"."""
+    import json
+    from conftest import FIXTURES
+    cfg = json.loads((FIXTURES / "v2_lite" / "config.json").read_text())
+    assert cfg["q_lora_rank"] is None and cfg["num_hidden_layers"] not in (26, 27)
+    from deepseek_cpu import Llama
+    llm = Llama(str(converted("v2_lite", "f32")), n_ctx=64, verbose=False)
+    llm.eval([1, 2, 3])
+    llm.close()

@@ -1,0 +1,167 @@
+"""Fetch, verify, unpack and patch the pinned llama.cpp source.
+
+Called by CMakeLists.txt at configure time (and usable by hand):
+
+    python vendor/prepare.py --dest BUILD/llama.cpp
+
+Source of the tarball, first match wins:
+  1. DEEPSEEK_CPU_SDIST=/path/to/llama_cpp_python-0.3.36.tar.gz (offline builds)
+  2. the cache, $DEEPSEEK_CPU_CACHE or ~/.cache/deepseek-cpu/sdist
+  3. `python -m pip download` from the package index, then stored in the cache
+
+The tarball's sha256 must match vendor/pin.toml. The patched tree is rebuilt only
+when the tarball or a patch changes (stamp file), so rebuilds stay incremental.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+class PrepareError(RuntimeError):
+    pass
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("DEEPSEEK_CPU_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepseek-cpu"
+    return base / "sdist"
+
+
+def verify(path: Path, pin: dict, origin: str) -> None:
+    got = sha256_of(path)
+    if got != pin["sha256"]:
+        raise PrepareError(
+            f"sha256 mismatch for {origin} {path}:\n  expected {pin['sha256']}\n  got      {got}\n"
+            "The file is corrupt, truncated or not the pinned release; delete it and build again."
+        )
+
+
+def download(pin: dict, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        # --no-binary for this package only: applied to everything it would also
+        # force the build requirements (cmake, ...) to compile from source.
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+               "--no-binary", pin["name"], f"{pin['name']}=={pin['version']}", "-d", tmp]
+        print("deepseek-cpu: fetching", pin["filename"], "through pip", flush=True)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        got = Path(tmp) / pin["filename"]
+        if r.returncode != 0 or not got.exists():
+            raise PrepareError(f"could not fetch {pin['filename']} with pip (exit {r.returncode}):\n{r.stdout[-3000:]}\n"
+                               "For offline builds set DEEPSEEK_CPU_SDIST to a local copy of the tarball.")
+        verify(got, pin, "downloaded")
+        final = dest / pin["filename"]
+        os.replace(got, final)
+    return final
+
+
+def locate_sdist(pin: dict) -> Path:
+    local = os.environ.get("DEEPSEEK_CPU_SDIST")
+    if local:
+        p = Path(local)
+        if not p.is_file():
+            raise PrepareError(f"DEEPSEEK_CPU_SDIST={local} is not a file")
+        verify(p, pin, "DEEPSEEK_CPU_SDIST")
+        return p
+    cached = cache_dir() / pin["filename"]
+    if cached.exists():
+        try:
+            verify(cached, pin, "cached")
+            return cached
+        except PrepareError as e:
+            print(f"deepseek-cpu: {e}\ndeepseek-cpu: discarding the cached copy", file=sys.stderr)
+            cached.unlink()
+    return download(pin, cache_dir())
+
+
+def read_series(patches: Path) -> list[Path]:
+    series = patches / "series"
+    names = [l.strip() for l in series.read_text().splitlines() if l.strip() and not l.startswith("#")]
+    return [patches / n for n in names]
+
+
+def apply_patches(tree: Path, series: list[Path]) -> None:
+    for p in series:
+        if not p.exists():
+            raise PrepareError(f"patches/series names {p.name}, which does not exist")
+        base = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(tree), "-i", str(p)]
+        dry = subprocess.run(base + ["--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if dry.returncode != 0:
+            raise PrepareError(f"patch {p.name} does not apply to the pinned source:\n{dry.stdout}")
+        subprocess.run(base + ["--quiet"], check=True)
+        print(f"deepseek-cpu: applied {p.name}", flush=True)
+
+
+def prepare(dest: Path, patches: Path = ROOT / "patches") -> dict:
+    pin = tomllib.loads((HERE / "pin.toml").read_text())["sdist"]
+    series = read_series(patches)
+    sdist = locate_sdist(pin)
+    stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()}}
+    stamp = dest / ".deepseek-cpu-stamp.json"
+    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series]}
+    if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
+        return info
+    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=dest.parent))
+    try:
+        try:
+            with tarfile.open(sdist) as tf:
+                prefix = pin["llama_cpp_dir"].rstrip("/") + "/"
+                members = [m for m in tf.getmembers() if m.name.startswith(prefix)]
+                if not members:
+                    raise PrepareError(f"{sdist} has no {prefix} directory")
+                tf.extractall(tmp, members=members, filter="data")
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise PrepareError(f"cannot unpack {sdist}: {e}") from e
+        tree = tmp / pin["llama_cpp_dir"]
+        # the submodule pointer would make llama.cpp's build look for a parent git repo
+        (tree / ".git").unlink(missing_ok=True)
+        apply_patches(tree, series)
+        (tree / ".deepseek-cpu-stamp.json").write_text(json.dumps(stamp_data))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tree, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dest", type=Path, required=True, help="directory for the patched llama.cpp tree")
+    ap.add_argument("--patches", type=Path, default=ROOT / "patches")
+    ap.add_argument("--info", type=Path, help="write commit/version/patch list as JSON here")
+    a = ap.parse_args()
+    a.dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        info = prepare(a.dest.resolve(), a.patches)
+    except PrepareError as e:
+        print(f"deepseek-cpu: error: {e}", file=sys.stderr)
+        return 1
+    if a.info:
+        a.info.write_text(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,3 +59,22 @@ def encode(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     if qtype == Q.F16:
         return data.astype(np.float16)
     return gguf.quants.quantize(data, qtype)
+
+
+# elements encoded at a time by encode_pieces: bounds the encoder's temporaries (gguf's
+# bf16 rounding makes uint64 copies of its input, the block quantizers several float32
+# ones) to some tens of MB whatever the tensor's size
+ENCODE_CHUNK = 1 << 21
+
+
+def encode_pieces(data: np.ndarray, qtype: gguf.GGMLQuantizationType, chunk: int = ENCODE_CHUNK):
+    """`encode(data, qtype)` as consecutive pieces of whole rows (their bytes concatenated
+    are encode's), so a converter can write a big tensor without its encoded copy."""
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    if qtype == Q.F32:
+        yield data
+        return
+    rows = data.reshape(-1, data.shape[-1]) if data.ndim else data.reshape(1, 1)
+    step = max(1, chunk // max(1, rows.shape[1]))
+    for i in range(0, rows.shape[0], step):
+        yield encode(rows[i:i + step], qtype)

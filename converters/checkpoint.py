@@ -25,6 +25,9 @@ class MissingShard(CheckpointError, FileNotFoundError):
     pass
 
 
+# stored bytes widened at a time by Checkpoint.f32 (see there)
+READ_CHUNK = 32 << 20
+
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
@@ -134,11 +137,26 @@ class Checkpoint:
                              offset=r.begin).reshape(r.shape)
 
     def f32(self, name: str) -> np.ndarray:
-        """The tensor widened to float32 (a copy)."""
+        """The tensor widened to float32 (a copy).
+
+        Converted in pieces of about READ_CHUNK stored bytes whose mapped pages are
+        dropped once copied: a big tensor then costs its float32 copy, not also its
+        stored bytes resident in the mapping (nor a second float32 temporary)."""
         a = self.raw(name)
-        if self.refs[name].dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return a.astype(np.float32)
+        r = self.refs[name]
+        out = np.empty(a.shape, dtype=np.float32)
+        src, dst = a.reshape(-1), out.reshape(-1)
+        step = max(1, READ_CHUNK // a.itemsize)
+        for i in range(0, src.size, step):
+            piece = src[i:i + step]
+            if r.dtype == "BF16":  # bf16 is the top half of an f32
+                np.left_shift(piece, 16, out=dst[i:i + step].view(np.uint32), dtype=np.uint32)
+            else:
+                dst[i:i + step] = piece
+            if i + step < src.size:
+                self._drop(r.file, r.begin + i * a.itemsize, r.begin + (i + step) * a.itemsize)
+        self.drop_pages(name)
+        return out
 
     def close(self) -> None:
         for m in self._maps.values():
@@ -152,12 +170,22 @@ class Checkpoint:
         """Tell the kernel we are done with a tensor's pages so a big conversion does
         not keep the whole checkpoint resident."""
         r = self.refs.get(name)
-        m = self._maps.get(r.file) if r else None
+        if r is not None:
+            self._drop(r.file, r.begin, r.end, whole_end=True)
+
+    def _drop(self, path: Path, begin: int, end: int, whole_end: bool = False) -> None:
+        """MADV_DONTNEED the mapped pages of bytes [begin, end) (the pages stay in the page
+        cache; they just stop counting in this process's RSS). Unless whole_end, the page
+        holding `end` is kept, as the next piece still reads it."""
+        m = self._maps.get(path)
         if m is None or not hasattr(m, "madvise"):
             return
         page = mmap.PAGESIZE
-        start = (r.begin // page) * page
+        start = (begin // page) * page
+        stop = end if whole_end else (end // page) * page
+        if stop <= start:
+            return
         try:
-            m.madvise(mmap.MADV_DONTNEED, start, r.end - start)
+            m.madvise(mmap.MADV_DONTNEED, start, stop - start)
         except (OSError, ValueError):
             pass

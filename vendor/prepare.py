@@ -113,9 +113,34 @@ def apply_patches(tree: Path, series: list[Path]) -> None:
         print(f"deepseek-cpu: applied {p.name}", flush=True)
 
 
-def prepare(dest: Path, patches: Path = ROOT / "patches") -> dict:
-    pin = tomllib.loads((HERE / "pin.toml").read_text())["sdist"]
-    series = read_series(patches)
+def load_pin() -> dict:
+    return tomllib.loads((HERE / "pin.toml").read_text())["sdist"]
+
+
+def sync_tree(src: Path, dest: Path) -> None:
+    """Make `dest` equal to `src`, touching only files whose content changed, so that
+    a new patch rebuilds what it changes instead of the whole tree."""
+    seen = set()
+    for root, _dirs, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            s, d = Path(root) / f, dest / rel / f
+            seen.add(rel / f)
+            if not d.exists() or d.stat().st_size != s.stat().st_size or d.read_bytes() != s.read_bytes():
+                os.replace(s, d)
+    for root, _dirs, files in os.walk(dest):
+        rel = Path(root).relative_to(dest)
+        for f in files:
+            if rel / f not in seen:
+                (Path(root) / f).unlink()
+
+
+def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | None = None) -> dict:
+    """Unpack the pinned source into `dest` and apply the series in `patches`;
+    patches=None gives the stock tree (no patches), e.g. for `bench --compare-stock`."""
+    pin = pin or load_pin()
+    series = read_series(patches) if patches is not None else []
     sdist = locate_sdist(pin)
     stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()}}
     stamp = dest / ".deepseek-cpu-stamp.json"
@@ -139,8 +164,9 @@ def prepare(dest: Path, patches: Path = ROOT / "patches") -> dict:
         apply_patches(tree, series)
         (tree / ".deepseek-cpu-stamp.json").write_text(json.dumps(stamp_data))
         if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tree, dest)
+            sync_tree(tree, dest)
+        else:
+            os.replace(tree, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return info
@@ -150,11 +176,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dest", type=Path, required=True, help="directory for the patched llama.cpp tree")
     ap.add_argument("--patches", type=Path, default=ROOT / "patches")
+    ap.add_argument("--no-patches", action="store_true", help="unpack the stock source, applying no patch")
     ap.add_argument("--info", type=Path, help="write commit/version/patch list as JSON here")
     a = ap.parse_args()
     a.dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        info = prepare(a.dest.resolve(), a.patches)
+        info = prepare(a.dest.resolve(), None if a.no_patches else a.patches)
     except PrepareError as e:
         print(f"deepseek-cpu: error: {e}", file=sys.stderr)
         return 1

@@ -18,14 +18,24 @@ def disabled() -> bool:
     return os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def find_lib_dir() -> str | None:
+    """Our lib/ beside this file; from a source checkout on PYTHONPATH, the installed one."""
+    import sys
+    for d in [LIB_DIR] + [os.path.join(p, "deepseek_cpu", "lib") for p in sys.path if p]:
+        if os.path.exists(os.path.join(d, "libllama.so")):
+            return d
+    return None
+
+
 def activate() -> None:
     try:
         if disabled() or ENV_LIB in os.environ:
             return
-        if os.path.exists(os.path.join(LIB_DIR, "libllama.so")):
-            os.environ[ENV_LIB] = LIB_DIR
+        lib = find_lib_dir()
+        if lib is not None:
+            os.environ[ENV_LIB] = lib
             # mtmd is loaded from its own variable; point it here only when we ship it
-            if os.path.exists(os.path.join(LIB_DIR, "libmtmd.so")):
-                os.environ.setdefault("MTMD_CPP_LIB", LIB_DIR)
+            if os.path.exists(os.path.join(lib, "libmtmd.so")):
+                os.environ.setdefault("MTMD_CPP_LIB", lib)
     except Exception:  # pragma: no cover - never break interpreter start-up
         pass

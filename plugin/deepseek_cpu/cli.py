@@ -86,12 +86,15 @@ def convert(checkpoint, out, outtype, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
     from .convert import convert as do_convert
     from .converters.base import ConversionError
+    from .converters.checkpoint import CheckpointError
     from .converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
     t0 = time.time()
     try:
         path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet)
-    except (ConversionError, MissingTokenizer, UnsupportedTokenizer) as e:
+    except (ConversionError, CheckpointError, MissingTokenizer, UnsupportedTokenizer) as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # e.g. a shard that cannot be read
+        raise click.ClickException(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}") from None
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)
         sys.exit(130)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 from . import plugins
-from .converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode
+from .converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode_pieces
 from .converters.checkpoint import Checkpoint, CheckpointError
 from .converters import tokenizer as tk
 
@@ -37,8 +37,8 @@ def read_config(model_dir: Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise ConversionError(f"{model_dir}: no config.json; is this a Hugging Face checkpoint?") from None
-    except PermissionError as e:
-        raise ConversionError(f"{path}: cannot read ({e.strerror})") from None
+    except OSError as e:  # permission denied, a directory, an I/O error
+        raise ConversionError(f"{path}: cannot read ({e.strerror or e})") from None
     except ValueError as e:
         raise ConversionError(f"{path}: not valid JSON ({e})") from None
 
@@ -80,9 +80,12 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
     if not out_dir.is_dir():
         raise ConversionError(f"{out_dir}: output directory does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_dir)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    if out_path.is_dir():
+        raise ConversionError(f"{out_path}: is a directory; give the output file's name")
+    # a private name next to the output (same file system, so the final rename is atomic),
+    # created with the mode a plain open() gives (mkstemp's would be 0600)
+    tmp = out_dir / f".{out_path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     writer = gguf.GGUFWriter(None, conv.arch)
     try:
         writer.add_file_type(int(_file_type(outtype)))
@@ -103,11 +106,12 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
                 data = fn(p.name, data)
             if tuple(data.shape) != p.shape:
                 raise ConversionError(f"tensor {p.name}: produced shape {data.shape}, planned {p.shape}")
-            raw = encode(data, p.qtype)
-            writer.write_tensor_data(raw)
+            writer.write_tensor_data(_Encoded(p.name, data, p.qtype, p.nbytes))
+            del data
+            for src in p.sources:  # its checkpoint pages need not stay resident
+                ckpt.drop_pages(src)
             bar.update(p.nbytes)
             bar.set_postfix_str(p.name, refresh=False)
-            del data, raw
         bar.close()
         for f in writer.fout or []:
             f.flush()
@@ -126,6 +130,24 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
     finally:
         ckpt.close()
     return out_path
+
+
+class _Encoded:
+    """A tensor as GGUFWriter.write_tensor_data uses it (`nbytes`, `tofile`), encoded to
+    its GGUF type piece by piece while it is written: the encoded copy never exists whole,
+    so peak memory is the float32 tensor plus a few MB. Writing through the file object
+    also keeps ENOSPC / EFBIG in the OSError, which numpy's tofile() reports without errno."""
+
+    def __init__(self, name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationType, nbytes: int):
+        self.name, self.data, self.qtype, self.nbytes = name, data, qtype, nbytes
+
+    def tofile(self, fid) -> None:
+        written = 0
+        for piece in encode_pieces(self.data, self.qtype):
+            fid.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
+            written += piece.nbytes
+        if written != self.nbytes:
+            raise ConversionError(f"tensor {self.name}: encoded to {written} bytes, planned {self.nbytes}")
 
 
 def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:

@@ -17,7 +17,8 @@ class EngineNotPatched(RuntimeError):
 
 
 def lib_dir() -> Path:
-    """The directory llama_cpp loads from (ours unless overridden or opted out)."""
+    """The directory llama_cpp loads from: ours, unless LLAMA_CPP_LIB_PATH says otherwise
+    (also how a source checkout on PYTHONPATH finds the installed engine)."""
     return Path(os.environ.get(_dropin.ENV_LIB, PACKAGE_LIB_DIR))
 
 
@@ -75,7 +76,7 @@ def cpu_features() -> list[str]:
 
 
 def source_info() -> dict:
-    p = PACKAGE_LIB_DIR / "deepseek-cpu-source.json"
+    p = lib_dir() / "deepseek-cpu-source.json"
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError):

@@ -8,10 +8,20 @@ defaults:
     or the 163840-token training length that runs machines out of memory
   - flash_attn: off; on CPU it costs accuracy (~2% on logits) for a speed gain we have
     not yet measured on our build
+
+Behaviour fixes over llama_cpp.Llama (see docs/integrations.md):
+  - generation that reaches n_ctx ends with finish_reason="length" instead of raising
+    `RuntimeError: llama_decode returned 1` (streaming or not, completion or chat)
+  - importing this module installs a log callback that cannot raise on a log line cut
+    inside a multi-byte character (the stock one sprays UnicodeDecodeError tracebacks)
 """
 from __future__ import annotations
 
+import codecs
+import ctypes
+import inspect
 import os
+import sys
 from dataclasses import dataclass
 
 from . import _dropin, resources
@@ -19,6 +29,7 @@ from . import _dropin, resources
 _dropin.activate()
 
 import llama_cpp  # noqa: E402  (after the drop-in has chosen the library)
+import llama_cpp._logger as _lc_logger  # noqa: E402
 
 MAX_DEFAULT_CTX = 32768
 MIN_DEFAULT_CTX = 512
@@ -84,6 +95,75 @@ def cpu_defaults(model_path: str, given: dict) -> dict:
     return out
 
 
+# --- logging -----------------------------------------------------------------------------
+# llama-cpp-python's callback does `text.decode("utf-8")` on every chunk: a chunk holding
+# part of a multi-byte character raises inside a ctypes callback, which prints a traceback
+# ("Exception ignored on calling ctypes callback function") and drops the line. Ours
+# decodes incrementally (a character split across chunks is joined; invalid bytes become
+# U+FFFD) and never raises. Which lines are shown is unchanged: llama-cpp-python's level
+# table and its "llama-cpp-python" logger (set by `verbose=`) decide, as before.
+_log_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+_log_last_level = 0
+
+
+def _log_write(level: int, text: bytes | None) -> None:
+    global _log_last_level
+    table = _lc_logger.GGML_LOG_LEVEL_TO_LOGGING_LEVEL
+    py_level = table.get(_log_last_level if level == 5 else level, table[0])
+    if level != 5:
+        _log_last_level = level
+    if _lc_logger.logger.level <= py_level:
+        s = _log_decoder.decode(text or b"")
+        if s:
+            sys.stderr.write(s)
+            sys.stderr.flush()
+
+
+@llama_cpp.llama_log_callback
+def safe_log_callback(level, text, user_data):
+    try:
+        _log_write(level, text)
+    except Exception:  # a log line must never raise into C
+        pass
+
+
+def install_log_callback() -> None:
+    """Make `safe_log_callback` the process-wide llama.cpp/ggml log callback."""
+    llama_cpp.llama_log_set(safe_log_callback, ctypes.c_void_p(0))
+    _lc_logger.llama_log_callback = safe_log_callback  # keep llama_cpp's own name pointing at it
+
+
+install_log_callback()
+
+
+# --- context limit --------------------------------------------------------------------------
+_COMPLETION_SIG = inspect.signature(llama_cpp.Llama.create_completion)
+
+
+class _ContextFull:
+    """Stopping criterion: the next token would not fit in the KV cache.
+
+    llama-cpp-python caps max_tokens at n_ctx - prompt, but its loop skips that check while
+    it holds back an incomplete UTF-8 sequence, and then evaluates past n_ctx (llama_decode
+    returns 1, "failed to find a memory slot"). Stopping here ends the generator cleanly."""
+
+    def __init__(self, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.fired = False
+
+    def __call__(self, input_ids, logits) -> bool:
+        if len(input_ids) >= self.n_ctx:
+            self.fired = True
+        return self.fired
+
+
+def _as_length(chunk: dict) -> dict:
+    for c in chunk.get("choices", ()):
+        if c.get("finish_reason") == "stop":
+            c["finish_reason"] = "length"
+    return chunk
+
+
 class Llama(llama_cpp.Llama):
     __doc__ = (llama_cpp.Llama.__doc__ or "") + "\n\n" + (__doc__ or "")
 
@@ -91,3 +171,31 @@ class Llama(llama_cpp.Llama):
         if not args:
             kwargs = {**cpu_defaults(model_path, kwargs), **kwargs}
         super().__init__(model_path, *args, **kwargs)
+
+    def create_completion(self, *args, **kwargs):
+        """llama_cpp.Llama.create_completion; reaching n_ctx ends with finish_reason="length"."""
+        bound = _COMPLETION_SIG.bind(self, *args, **kwargs)
+        full = _ContextFull(self._n_ctx)
+        given = bound.arguments.get("stopping_criteria")
+        bound.arguments["stopping_criteria"] = llama_cpp.StoppingCriteriaList([full, *(given or [])])
+        result = super().create_completion(*bound.args[1:], **bound.kwargs)
+        if bound.arguments.get("stream"):
+            return self._stream_length(result, full)
+        return _as_length(result) if full.fired else result
+
+    @staticmethod
+    def _stream_length(chunks, full: _ContextFull):
+        for chunk in chunks:
+            yield _as_length(chunk) if full.fired else chunk
+
+    @classmethod
+    def from_hub(cls, repo_id: str, quant: str = "q4_k_m", revision: str | None = None, *,
+                 token: str | None = None, cache_dir: str | None = None, output_dir: str | None = None,
+                 delete_snapshot: bool = False, progress: bool = True, **kwargs) -> "Llama":
+        """Pull a safetensors checkpoint from the Hugging Face hub (download, convert, quantize,
+        cached; see deepseek_cpu.hub.pull) and load it; `kwargs` go to Llama().
+        Unlike llama_cpp.Llama.from_pretrained, the repo holds the original weights, not a GGUF."""
+        from .hub import pull
+        res = pull(repo_id, quant=quant, revision=revision, token=token, cache_dir=cache_dir,
+                   output_dir=output_dir, delete_snapshot=delete_snapshot, progress=progress)
+        return cls(str(res.path), **kwargs)

@@ -13,12 +13,20 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 # Built-in plugins, registered exactly like external ones.
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
+    "deepseek_cpu.demo",
+    "deepseek_cpu.pull",
+    "deepseek_cpu.synth",
+    "deepseek_cpu.bench",
+    "deepseek_cpu.serve", "deepseek_cpu.chat",
 )
 
 pm = pluggy.PluginManager(hookspecs.PROJECT)
 pm.add_hookspecs(hookspecs)
 
 _loaded = False
+# distribution (name, version) of plugins loaded by name through DEEPSEEK_CPU_LOAD_PLUGINS
+# (pluggy records it only for the ones load_setuptools_entrypoints loads)
+_named_dists: dict[str, tuple[str, str]] = {}
 
 
 def load() -> pluggy.PluginManager:
@@ -39,6 +47,8 @@ def load() -> pluggy.PluginManager:
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             if ep.name in wanted and pm.get_plugin(ep.name) is None:
                 pm.register(ep.load(), name=ep.name)
+                if ep.dist is not None:
+                    _named_dists[ep.name] = (ep.dist.metadata["name"], ep.dist.version)
     return pm
 
 
@@ -52,8 +62,12 @@ def describe() -> list[dict]:
         dist = dists.get(id(plugin))
         if dist is not None:
             project, version = dist.project_name, dist.version
-        else:
+        elif name in _named_dists:
+            project, version = _named_dists[name]
+        elif name in DEFAULT_PLUGINS:
             from . import __version__
             project, version = "deepseek-cpu (built-in)", __version__
+        else:  # registered in-process with pm.register(), no distribution to name
+            project, version = "(registered at run time)", ""
         rows.append({"name": name, "package": project, "version": version, "hooks": hooks})
     return rows

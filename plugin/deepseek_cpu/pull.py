@@ -1,0 +1,57 @@
+"""`deepseek-cpu pull REPO --quant q4_k_m`: a hub repo to a ready GGUF (built-in plugin)."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .hookspecs import hookimpl
+from .hub import QUANTS
+
+
+@click.command("pull")
+@click.argument("repo")
+@click.option("--quant", type=click.Choice(QUANTS, case_sensitive=False), default="q4_k_m", show_default=True,
+              help="Output type: f32/f16/bf16/q8_0 are written by our converter; the others are llama.cpp "
+                   "quantizations of a bf16 intermediate.")
+@click.option("--revision", default=None, help="Branch, tag or commit sha (default: main).")
+@click.option("--token", default=None, help="Hub token for gated or private repos (default: HF_TOKEN or the "
+                                            "saved login).")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Write the GGUF here instead of the cache (~/.cache/deepseek-cpu/gguf or $DEEPSEEK_CPU_CACHE).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Hugging Face cache for the download (default: HF_HUB_CACHE / HF_HOME/hub).")
+@click.option("--delete-snapshot", is_flag=True,
+              help="Delete this revision's downloaded checkpoint from the Hugging Face cache once converted.")
+@click.option("--quiet", is_flag=True, help="No progress bars or status lines; only the result.")
+@click.option("--verbose", is_flag=True, help="Show llama.cpp's quantization log.")
+def pull_cmd(repo, quant, revision, token, output_dir, cache_dir, delete_snapshot, quiet, verbose):
+    """Download REPO (owner/name) from the Hugging Face hub, convert and quantize it to a GGUF.
+
+    Prints the GGUF's path, then a line of Python that runs it. A second pull of the same
+    repo, revision and --quant returns the cached GGUF at once."""
+    from .hub import PullError, pull
+    t0 = time.time()
+    echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
+    try:
+        res = pull(repo, quant=quant.lower(), revision=revision, token=token, cache_dir=cache_dir,
+                   output_dir=output_dir, delete_snapshot=delete_snapshot, progress=not quiet,
+                   verbose=verbose, echo=echo)
+    except PullError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted; run the same command again: files already downloaded are kept", err=True)
+        sys.exit(130)
+    if not res.cached:
+        size = res.path.stat().st_size
+        echo(f"wrote {res.path.name} ({size / 2**20:.1f} MiB, {res.quant}, {res.repo}@{res.sha[:12]}) "
+             f"in {time.time() - t0:.1f} s")
+    click.echo(str(res.path))
+    click.echo(f"python -c \"from deepseek_cpu import Llama; llm = Llama({str(res.path)!r}); "
+               f"print(llm('Hello, my name is', max_tokens=32)['choices'][0]['text'])\"")
+
+
+@hookimpl
+def deepseek_cpu_register_commands(cli):
+    cli.add_command(pull_cmd)

@@ -1,0 +1,110 @@
+"""The build's source step: pin verification, unpacking and the patch series."""
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "vendor"))
+import prepare  # noqa: E402
+
+
+def fake_sdist(tmp_path: Path, files: dict[str, bytes], name="fake.tar.gz") -> Path:
+    p = tmp_path / name
+    with tarfile.open(p, "w:gz") as tf:
+        for n, data in files.items():
+            ti = tarfile.TarInfo(n)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return p
+
+
+def pin_for(path: Path, **kw) -> dict:
+    d = {"name": "x", "version": "0", "filename": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+         "llama_cpp_dir": "pkg/vendor/llama.cpp", "llama_cpp_commit": "0" * 40}
+    d.update(kw)
+    return d
+
+
+def run_prepare(env_extra: dict, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, str(REPO / "vendor" / "prepare.py"), *args],
+                          capture_output=True, text=True, env=env)
+
+
+def test_sha_mismatch_stops_the_build_with_a_clear_message(tmp_path):
+    bad = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    bad.write_bytes(b"not the release")
+    r = run_prepare({"DEEPSEEK_CPU_SDIST": str(bad)}, "--dest", str(tmp_path / "out"))
+    assert r.returncode == 1
+    assert "sha256 mismatch" in r.stderr and str(bad) in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cmake_configure_fails_on_a_bad_tarball(tmp_path):
+    """The same failure through the real build entry point (CMake configure)."""
+    bad = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    bad.write_bytes(b"\x1f\x8b truncated")
+    env = {**os.environ, "DEEPSEEK_CPU_SDIST": str(bad)}
+    r = subprocess.run(["cmake", "-S", str(REPO), "-B", str(tmp_path / "b"), "-G", "Ninja"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    assert "sha256 mismatch" in r.stderr + r.stdout
+    assert "preparing the pinned llama.cpp source failed" in r.stderr + r.stdout
+
+
+def test_corrupt_tarball_with_matching_hash_is_reported(tmp_path):
+    good = fake_sdist(tmp_path, {"pkg/vendor/llama.cpp/a.txt": b"hello\n" * 1000})
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(good.read_bytes()[:60])
+    with pytest.raises(prepare.PrepareError, match="cannot unpack"):
+        os.environ["DEEPSEEK_CPU_SDIST"] = str(cut)
+        try:
+            prepare.prepare(tmp_path / "out", patches=None, pin=pin_for(cut))
+        finally:
+            del os.environ["DEEPSEEK_CPU_SDIST"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_patch_that_does_not_apply_is_named(tmp_path, monkeypatch):
+    sd = fake_sdist(tmp_path, {"pkg/vendor/llama.cpp/a.txt": b"one\ntwo\nthree\n"})
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "0001-good.patch").write_text(
+        "Description: ok\n---\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n")
+    (pdir / "0002-bad.patch").write_text(
+        "Description: stale\n---\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1,3 @@\n one\n-zwei\n+ZWEI\n three\n")
+    (pdir / "series").write_text("0001-good.patch\n0002-bad.patch\n")
+    monkeypatch.setenv("DEEPSEEK_CPU_SDIST", str(sd))
+    with pytest.raises(prepare.PrepareError, match="0002-bad.patch does not apply"):
+        prepare.prepare(tmp_path / "out", patches=pdir, pin=pin_for(sd))
+    assert not (tmp_path / "out").exists()
+    (pdir / "series").write_text("0001-good.patch\n")
+    prepare.prepare(tmp_path / "out", patches=pdir, pin=pin_for(sd))
+    assert (tmp_path / "out" / "a.txt").read_text() == "one\nTWO\nthree\n"
+
+
+def test_every_patch_has_a_dep3_header():
+    series = [l.strip() for l in (REPO / "patches" / "series").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert series
+    for name in series:
+        head = (REPO / "patches" / name).read_text().split("\n---\n", 1)[0]
+        for field in ("Description:", "Author:", "Forwarded:", "Tested:", "Effect:"):
+            assert field in head, f"{name} lacks {field}"
+
+
+def test_pinned_series_applies_to_the_pinned_source(tmp_path):
+    """The real pin and series, from the cached (verified) tarball: what the build does."""
+    pin = prepare.load_pin()
+    if not (prepare.cache_dir() / pin["filename"]).exists() and "DEEPSEEK_CPU_SDIST" not in os.environ:
+        pytest.skip("pinned sdist not cached (the package build caches it)")
+    info = prepare.prepare(tmp_path / "llama.cpp")
+    assert info["commit"] == pin["llama_cpp_commit"]
+    src = (tmp_path / "llama.cpp" / "src" / "models" / "deepseek2.cpp").read_text()
+    assert "n_layer() == 27" not in src  # the layer-count guess is gone

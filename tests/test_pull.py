@@ -1,0 +1,296 @@
+"""`deepseek-cpu pull` / `Llama.from_hub` against a local hub (tests/hubserver.py).
+
+The server speaks the hub's protocol to the real huggingface_hub client and serves the
+fixture checkpoints as repos; every test gets its own HF cache and GGUF cache in tmp.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import FIXTURES, REPO as SRC
+from hubserver import HubServer
+
+pytest.importorskip("huggingface_hub")
+
+from deepseek_cpu import hub as hubmod  # noqa: E402
+from deepseek_cpu.cli import cli  # noqa: E402
+
+REPO = "deepseek-ai/tiny-v2-group"
+SHARD1 = "model-00001-of-00002.safetensors"
+
+
+def make_repo(dst: Path, fixture: str = "v2_group", config_edit=None, extra: dict | None = None) -> Path:
+    """A repo directory: the fixture's files (linked), optionally an edited config.json and
+    extra files (junk the pull must not download)."""
+    dst.mkdir(parents=True)
+    for f in (FIXTURES / fixture).iterdir():
+        if f.name == "config.json" and config_edit:
+            cfg = json.loads(f.read_text())
+            config_edit(cfg)
+            (dst / f.name).write_text(json.dumps(cfg))
+        else:
+            os.symlink(f, dst / f.name)
+    for name, data in (extra or {}).items():
+        (dst / name).write_bytes(data)
+    return dst
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    repo_dir = make_repo(tmp_path / "repo", extra={"pytorch_model.bin": b"\0" * 1000, "optimizer.pt": b"\0" * 100,
+                                                    "README.md": b"# tiny\n"})
+    srv = HubServer({REPO: repo_dir}, lifetime=300).start()
+    monkeypatch.setenv("HF_ENDPOINT", srv.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("DEEPSEEK_CPU_CACHE", str(tmp_path / "gguf"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # ignore a saved login
+    # huggingface_hub 2.x fetches an "agent harnesses" registry from {import-time endpoint}/api/agent-harnesses
+    # once per process (for its user-agent); keep the tests off the network
+    from huggingface_hub.utils import _detect_agent
+    monkeypatch.setattr(_detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY)
+    monkeypatch.setattr(hubmod, "RETRY_DELAYS", (0.05, 0.05, 0.05))
+    yield srv
+    srv.stop()
+
+
+def pull(*args):
+    res = CliRunner().invoke(cli, ["pull", REPO, "--quiet", *args])
+    assert "Traceback" not in res.output
+    return res
+
+
+def gguf_path(res) -> Path:
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[1].startswith('python -c "from deepseek_cpu import Llama;') and lines[0] in lines[1]
+    return Path(lines[0])
+
+
+def weight_requests(srv: HubServer) -> list:
+    return [r for r in srv.requests if r[1].endswith((".safetensors", ".bin", ".pt"))]
+
+
+def test_pull_f32_matches_reference_and_fetches_only_what_converts(hub):
+    from test_parity import TOL, engine_logits, rel_errors
+    path = gguf_path(pull("--quant", "f32"))
+    assert path.is_file() and path.name == "tiny-v2-group-f32.gguf"
+    got = sorted(set(hub.fetched()))
+    assert got == sorted(["config.json", "model.safetensors.index.json", SHARD1, "model-00002-of-00002.safetensors",
+                          "tokenizer.json", "tokenizer_config.json"])  # no .bin/.pt/README/reference.npz
+    ref = np.load(FIXTURES / "v2_group" / "reference.npz")
+    err = rel_errors(engine_logits(path, ref["tokens"]), ref["logits"])
+    assert err.max() <= TOL, err
+
+
+def test_second_pull_is_served_from_cache(hub, monkeypatch):
+    first = gguf_path(pull("--quant", "q8_0"))
+    hub.requests.clear()
+    t0 = time.time()
+    again = pull("--quant", "q8_0")
+    assert gguf_path(again) == first and time.time() - t0 < 2
+    # online: only the revision is resolved (branch -> sha), no file is touched
+    assert [r[1] for r in hub.requests] == [f"/api/models/{REPO}/revision/main"]
+    # offline: no request at all
+    hub.requests.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert gguf_path(pull("--quant", "q8_0")) == first
+    # a new quant offline converts from the cached snapshot, still without the network
+    f32 = gguf_path(pull("--quant", "f32"))
+    assert f32.is_file() and hub.requests == []
+
+
+def test_offline_without_cache_is_a_clear_error(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    res = pull("--quant", "q8_0")
+    assert res.exit_code == 1 and "HF_HUB_OFFLINE=1" in res.output and "network access" in res.output
+    assert hub.requests == []
+
+
+def test_q4_k_m_from_hub_loads_and_runs(hub):
+    import gguf
+    from deepseek_cpu import Llama
+    llm = Llama.from_hub(REPO, quant="q4_k_m", progress=False, n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        path = Path(llm.model_path)
+        ftype = gguf.GGUFReader(path).fields["general.file_type"]
+        assert int(ftype.parts[ftype.data[0]][0]) == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        ref = np.load(FIXTURES / "v2_group" / "reference.npz")
+        tokens = [int(t) for t in ref["tokens"]]
+        llm.eval(tokens)
+        logits = np.array(llm.scores[: len(tokens)])
+        assert np.isfinite(logits).all() and logits.shape == ref["logits"].shape
+        # random tiny weights quantize badly (q4_k_m: ~0.12 max relative error, 81% same argmax),
+        # but a wrong tensor layout would be far off
+        from test_parity import rel_errors
+        assert rel_errors(logits, ref["logits"]).max() < 0.5
+    finally:
+        llm.close()
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not left with mkstemp's private mode
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".json"]  # no temp files left
+
+
+def test_output_dir_and_delete_snapshot(hub, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    path = gguf_path(pull("--quant", "q8_0", "--output-dir", str(out), "--delete-snapshot"))
+    assert path == out / "tiny-v2-group-q8_0.gguf" and path.is_file()
+    assert json.loads(path.with_name(path.name + ".json").read_text())["quant"] == "q8_0"
+    snaps = list((tmp_path / "hf").glob("models--*/snapshots/*"))
+    assert snaps == [] and not list((tmp_path / "hf").glob("models--*/blobs/*"))
+    # still reusable afterwards, offline too (the GGUF cache keeps its own refs)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.requests.clear()
+    assert gguf_path(pull("--quant", "q8_0", "--output-dir", str(out))) == path and hub.requests == []
+
+
+def test_revision_by_sha_and_unknown_revision(hub):
+    sha = hub.repos[REPO].sha
+    path = gguf_path(pull("--quant", "q8_0", "--revision", sha))
+    assert sha in str(path)
+    hub.requests.clear()
+    assert gguf_path(pull("--quant", "q8_0", "--revision", sha)) == path and hub.requests == []  # a sha needs no lookup
+    res = pull("--quant", "q8_0", "--revision", "v9")
+    assert res.exit_code == 1 and "revision 'v9' not found" in res.output
+
+
+def test_hub_unreachable_falls_back_to_what_was_pulled(hub, monkeypatch):
+    first = gguf_path(pull("--quant", "q8_0"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    assert gguf_path(pull("--quant", "q8_0")) == first
+
+
+def test_cache_locations_follow_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    assert hubmod.hf_cache_dir() == tmp_path / "home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hc"))
+    assert hubmod.hf_cache_dir() == tmp_path / "hc"
+    monkeypatch.delenv("DEEPSEEK_CPU_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hubmod.gguf_cache_dir() == tmp_path / "xdg" / "deepseek-cpu" / "gguf"
+
+
+def test_repo_not_found(hub):
+    res = CliRunner().invoke(cli, ["pull", "deepseek-ai/no-such-model", "--quiet"])
+    assert res.exit_code == 1
+    assert "deepseek-ai/no-such-model: repository not found" in res.output and "HF_TOKEN" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_gated_repo_needs_a_token(hub):
+    hub.gated[REPO] = "hf_secret"
+    res = pull("--quant", "q8_0")
+    assert res.exit_code == 1 and "gated (401)" in res.output and "HF_TOKEN" in res.output
+    assert weight_requests(hub) == []
+    res = pull("--quant", "q8_0", "--token", "hf_wrong")
+    assert res.exit_code == 1 and "your token has no access" in res.output
+    assert gguf_path(pull("--quant", "q8_0", "--token", "hf_secret")).is_file()
+
+
+def test_gated_repo_with_hf_token_env(hub, monkeypatch):
+    hub.gated[REPO] = "hf_secret"
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    assert gguf_path(pull("--quant", "q8_0")).is_file()
+
+
+def test_unsupported_architecture_refused_before_any_weight(hub, tmp_path):
+    def mixtral(cfg):
+        cfg["architectures"] = ["MixtralForCausalLM"]
+        cfg["model_type"] = "mixtral"
+    hub.add("mistralai/tiny-mixtral", make_repo(tmp_path / "mixtral", config_edit=mixtral))
+    res = CliRunner().invoke(cli, ["pull", "mistralai/tiny-mixtral", "--quiet"])
+    assert res.exit_code == 1
+    assert "architecture MixtralForCausalLM is not supported" in res.output
+    assert "DeepseekV2ForCausalLM" in res.output
+    assert weight_requests(hub) == []
+    assert hub.fetched() == ["config.json"]
+
+
+def test_not_enough_disk_stops_before_downloading(hub, monkeypatch):
+    monkeypatch.setattr(hubmod, "free_bytes", lambda path: 5 << 20)
+    res = pull("--quant", "q4_k_m")
+    assert res.exit_code == 1
+    msg = res.output
+    assert "not enough disk space" in msg and "download" in msg and "intermediate" in msg and "output" in msg
+    assert "5.0 MiB free" in msg
+    assert weight_requests(hub) == []
+
+
+def test_download_cut_mid_file_is_resumed(hub, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16384)  # resume granularity (10 MiB by default)
+    hub.cut_once[SHARD1] = 100_000
+    path = gguf_path(pull("--quant", "q8_0"))
+    ranges = [r[2] for r in hub.requests if r[0] == "GET" and r[1].endswith(SHARD1)]
+    assert len(ranges) == 2 and ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+    assert int(ranges[1][6:-1]) > 0
+    snap = next((Path(os.environ["HF_HUB_CACHE"])).glob(f"models--*/snapshots/*/{SHARD1}"))
+    assert hashlib.sha256(snap.read_bytes()).digest() == hashlib.sha256((FIXTURES / "v2_group" / SHARD1).read_bytes()).digest()
+    assert path.is_file()
+
+
+def test_files_finished_by_an_interrupted_run_are_not_fetched_again(hub):
+    # A killed run leaves its finished files in the HF cache (huggingface_hub 2.x deletes
+    # its per-process partial file, so a half-done file restarts from zero next time).
+    from huggingface_hub import hf_hub_download
+    for f in ("config.json", SHARD1):
+        hf_hub_download(REPO, f, endpoint=hub.url, cache_dir=os.environ["HF_HUB_CACHE"])
+    blobs = Path(os.environ["HF_HUB_CACHE"]) / f"models--{REPO.replace('/', '--')}" / "blobs"
+    (blobs / "0123abcd.deadbeef.incomplete").write_bytes(b"junk")  # a stray partial file is harmless
+    hub.requests.clear()
+    gguf_path(pull("--quant", "q8_0"))
+    assert SHARD1 not in hub.fetched() and "model-00002-of-00002.safetensors" in hub.fetched()
+
+
+def test_hub_errors_are_retried_with_backoff(hub):
+    hub.fail_next = 2  # the revision lookup gets 503 twice
+    assert gguf_path(pull("--quant", "q8_0")).is_file()
+    assert hub.fail_next == 0
+
+
+def test_unreachable_hub_is_a_clear_error(hub, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    res = pull("--quant", "q8_0")
+    assert res.exit_code == 1 and "cannot reach http://127.0.0.1:9" in res.output and "run again" in res.output
+
+
+def test_cli_entry_point_shows_no_traceback(hub):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC / "plugin"), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "deepseek_cpu", "pull", "nobody/nothing", "--quiet"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "Error: nobody/nothing: repository not found on " + hub.url + \
+        " (check the name; if it is private, pass --token or set HF_TOKEN)"
+
+
+def test_quantize_failure_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf" * 10)
+    with pytest.raises(hubmod.PullError, match=r"llama.cpp could not quantize to q4_k_m \(code \d+: .+\); try another"):
+        hubmod.quantize(bad, tmp_path / "out.gguf", "q4_k_m", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_unknown_quant_and_bad_repo_id():
+    with pytest.raises(hubmod.PullError, match="unknown quantization 'q9_z'"):
+        hubmod.pull("a/b", quant="q9_z")
+    with pytest.raises(hubmod.PullError, match="not a hub repo id"):
+        hubmod.pull("just-a-name", quant="q8_0")
+
+
+def test_pull_is_listed_as_a_builtin_plugin_command():
+    res = CliRunner().invoke(cli, ["--help"])
+    assert "pull" in res.output
+    from deepseek_cpu.plugins import describe
+    assert any(r["name"] == "deepseek_cpu.pull" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())

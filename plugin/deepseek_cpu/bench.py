@@ -166,15 +166,8 @@ def child_run(spec: dict) -> dict:
 
 
 def _loaded_libllama() -> str | None:
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                p = line.rstrip("\n").split(maxsplit=5)[-1]
-                if p.endswith("/libllama.so") or "/libllama.so." in p:
-                    return os.path.realpath(p)
-    except OSError:
-        pass
-    return None
+    from .engine import mapped_libllama
+    return mapped_libllama()
 
 
 def _child_main(spec_path: str) -> int:

@@ -41,9 +41,8 @@ def build_info(lib: ctypes.CDLL | None = None) -> str | None:
     return fn().decode()
 
 
-def loaded_library_path(lib: ctypes.CDLL | None = None) -> str:
-    """The file the dynamic loader actually mapped for libllama (from /proc/self/maps)."""
-    lib = lib if lib is not None else llama_lib()
+def mapped_libllama() -> str | None:
+    """The libllama file the dynamic loader mapped into this process (/proc/self/maps)."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
@@ -52,7 +51,13 @@ def loaded_library_path(lib: ctypes.CDLL | None = None) -> str:
                     return os.path.realpath(path)
     except OSError:
         pass
-    return lib._name
+    return None
+
+
+def loaded_library_path(lib: ctypes.CDLL | None = None) -> str:
+    """The file the dynamic loader actually mapped for libllama."""
+    lib = lib if lib is not None else llama_lib()
+    return mapped_libllama() or lib._name
 
 
 def system_info() -> str:

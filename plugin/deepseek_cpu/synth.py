@@ -613,11 +613,8 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
             _write_streamed(writer, t.name, t.nbytes, counted(rnd.chunks(t.qtype, t.n_elem, t.kind)))
             bar.set_postfix_str(t.name, refresh=False)
         bar.close()
-        for f in writer.fout or []:
-            f.flush()
-            os.fsync(f.fileno())
-        writer.close()
-        os.replace(tmp, out_path)
+        from .convert import finish_gguf
+        finish_gguf(writer, tmp, out_path)
     except BaseException:
         try:
             writer.close()

@@ -15,6 +15,7 @@ EntryNotFound, GatedRepo), which huggingface_hub turns into its typed exceptions
         os.environ["HF_ENDPOINT"] = hub.url
         hub.gated["org/tiny"] = "secret"      # requests need `Authorization: Bearer secret`
         hub.cut_once["model-00001-of-00002.safetensors"] = 1000  # drop the connection once
+        hub.stall_once["model-00001-of-00002.safetensors"] = 1000  # send 1000 bytes, then hang
         hub.fail_next = 2                     # the next 2 requests get 503
         ...
         hub.requests                          # [(method, path, range header), ...]
@@ -59,10 +60,12 @@ class HubServer:
         self.repos = {name: Repo(path) for name, path in repos.items()}
         self.gated: dict[str, str] = {}     # repo -> the token that opens it
         self.cut_once: dict[str, int] = {}  # file path -> bytes sent before dropping the connection (once)
+        self.stall_once: dict[str, int] = {}  # file path -> bytes sent before the response hangs (once)
         self.fail_next = 0                  # answer this many next requests with 503 (hub down)
         self.requests: list[tuple[str, str, str | None]] = []
         self.lifetime = lifetime
         self._lock = threading.Lock()
+        self._unstall = threading.Event()
         handler = type("Handler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -81,6 +84,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self._unstall.set()
         self._timer.cancel()
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -206,15 +210,23 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
                 data, status = data[start:end + 1], 206
         headers["Content-Length"] = str(len(data))
-        cut = None
+        cut = stall = None
         if not head:
             with self.hub._lock:
                 cut = self.hub.cut_once.pop(f, None)
+                stall = self.hub.stall_once.pop(f, None)
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
         if head:
+            return
+        if stall is not None and stall < len(data):
+            # a transfer that stops moving (the client is killed meanwhile); ends with the server
+            self.wfile.write(data[:stall])
+            self.wfile.flush()
+            self.hub._unstall.wait(self.hub.lifetime)
+            self.close_connection = True
             return
         if cut is not None and cut < len(data):
             self.wfile.write(data[:cut])

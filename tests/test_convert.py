@@ -491,3 +491,14 @@ def test_checkpoint_f32_in_pieces_is_exact(monkeypatch):
             dtypes.add(dtype)
     assert dtypes == {"BF16", "F32"}
     ck.close()
+
+
+def test_name_option_sets_general_name(tmp_path):
+    import gguf
+    from click.testing import CliRunner
+    from deepseek_cpu.cli import cli
+    out = tmp_path / "named.gguf"
+    res = CliRunner().invoke(cli, ["convert", str(FIXTURES / "v2_greedy"), str(out), "--outtype", "f32",
+                                   "--quiet", "--name", "deepseek-ai/DeepSeek-V2-Lite-Chat"])
+    assert res.exit_code == 0, res.output
+    assert gguf.GGUFReader(out).get_field("general.name").contents() == "DeepSeek-V2-Lite-Chat"

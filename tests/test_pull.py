@@ -92,6 +92,9 @@ def test_pull_f32_matches_reference_and_fetches_only_what_converts(hub):
     ref = np.load(FIXTURES / "v2_group" / "reference.npz")
     err = rel_errors(engine_logits(path, ref["tokens"]), ref["logits"])
     assert err.max() <= TOL, err
+    import gguf
+    name = gguf.GGUFReader(path).get_field("general.name")
+    assert name.contents() == "tiny-v2-group"  # the repo's name, not the snapshot's commit sha
 
 
 def test_second_pull_is_served_from_cache(hub, monkeypatch):
@@ -240,9 +243,62 @@ def test_download_cut_mid_file_is_resumed(hub, monkeypatch):
     assert path.is_file()
 
 
+def blobs_dir() -> Path:
+    return Path(os.environ["HF_HUB_CACHE"]) / f"models--{REPO.replace('/', '--')}" / "blobs"
+
+
+def test_pull_killed_mid_file_resumes_in_the_next_process(hub):
+    from test_parity import TOL, engine_logits, rel_errors
+    chunk = 16384  # huggingface_hub writes in DOWNLOAD_CHUNK_SIZE pieces (10 MiB by default)
+    hub.stall_once[SHARD1] = 200_000
+    code = ("import sys; from huggingface_hub import constants; constants.DOWNLOAD_CHUNK_SIZE = %d; "
+            "from deepseek_cpu.cli import main; sys.argv[0] = 'deepseek-cpu'; main()" % chunk)
+    proc = subprocess.Popen([sys.executable, "-c", code, "pull", REPO, "--quiet", "--quant", "f32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    have = 200_000 // chunk * chunk
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            partial = list(blobs_dir().glob("*.dscpu-partial")) if blobs_dir().is_dir() else []
+            if partial and partial[0].stat().st_size >= have:
+                break
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first pull never got to the stalled shard")
+    finally:
+        proc.kill()  # SIGKILL: no cleanup handler runs
+        proc.wait()
+    assert partial[0].stat().st_size == have
+    assert not (blobs_dir() / partial[0].name.removesuffix(".dscpu-partial")).exists()
+
+    hub.requests.clear()
+    path = gguf_path(pull("--quant", "f32"))
+    ranges = [r[2] for r in hub.requests if r[0] == "GET" and r[1].endswith(SHARD1)]
+    assert ranges == [f"bytes={have}-"]  # one request, for the rest of the file only
+    assert list(blobs_dir().glob("*.dscpu-partial")) == []
+    snap = next(Path(os.environ["HF_HUB_CACHE"]).glob(f"models--*/snapshots/*/{SHARD1}"))
+    assert snap.read_bytes() == (FIXTURES / "v2_group" / SHARD1).read_bytes()
+    ref = np.load(FIXTURES / "v2_group" / "reference.npz")
+    err = rel_errors(engine_logits(path, ref["tokens"]), ref["logits"])
+    assert err.max() <= TOL, err
+
+
+def test_corrupt_partial_file_is_detected_and_fetched_again(hub, caplog):
+    data = (FIXTURES / "v2_group" / SHARD1).read_bytes()
+    etag = hashlib.sha256(data).hexdigest()
+    blobs_dir().mkdir(parents=True)
+    (blobs_dir() / f"{etag}.dscpu-partial").write_bytes(b"\x55" * 100_000)  # not the file's first bytes
+    path = gguf_path(pull("--quant", "q8_0"))
+    ranges = [r[2] for r in hub.requests if r[0] == "GET" and r[1].endswith(SHARD1)]
+    assert ranges == ["bytes=100000-", None]  # resumed, failed the sha256, fetched whole
+    assert (blobs_dir() / etag).read_bytes() == data
+    assert "does not match" in caplog.text
+    assert path.is_file()
+
+
 def test_files_finished_by_an_interrupted_run_are_not_fetched_again(hub):
-    # A killed run leaves its finished files in the HF cache (huggingface_hub 2.x deletes
-    # its per-process partial file, so a half-done file restarts from zero next time).
+    # A killed run leaves its finished files in the HF cache, whoever downloaded them.
     from huggingface_hub import hf_hub_download
     for f in ("config.json", SHARD1):
         hf_hub_download(REPO, f, endpoint=hub.url, cache_dir=os.environ["HF_HUB_CACHE"])

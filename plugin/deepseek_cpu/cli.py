@@ -81,8 +81,10 @@ def plugins_cmd(as_json):
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default="bf16", show_default=True,
               help="Type of the weight matrices (norms and the router stay f32).")
+@click.option("--name", default=None, help="general.name in the GGUF (default: config's _name_or_path, "
+              "else the directory name).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def convert(checkpoint, out, outtype, quiet):
+def convert(checkpoint, out, outtype, name, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
     from .convert import convert as do_convert
     from .converters.base import ConversionError
@@ -90,7 +92,7 @@ def convert(checkpoint, out, outtype, quiet):
     from .converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
     t0 = time.time()
     try:
-        path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet)
+        path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet, name=name)
     except (ConversionError, CheckpointError, MissingTokenizer, UnsupportedTokenizer) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:  # e.g. a shard that cannot be read

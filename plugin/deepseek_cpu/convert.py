@@ -65,12 +65,17 @@ def _tensor_transforms(conv) -> list:
 
 
 def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32",
-            progress: bool = True) -> Path:
-    """Convert a checkpoint directory to a GGUF at `out_path`; returns the path."""
+            progress: bool = True, name: str | None = None) -> Path:
+    """Convert a checkpoint directory to a GGUF at `out_path`; returns the path.
+
+    `name` (e.g. the hub repo id) becomes general.name; by default config.json's
+    `_name_or_path`, else the directory's name."""
     model_dir, out_path = Path(model_dir), Path(out_path)
     if outtype not in OUTTYPES:
         raise ConversionError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
     config = read_config(model_dir)
+    if name:  # transformers' own key for where a model came from; converters read it
+        config = {**config, "_name_or_path": name}
     conv = find_converter(config, model_dir)
     tok = tk.read_tokenizer(model_dir, int(config.get("vocab_size", 0)))
     ckpt = Checkpoint(model_dir)

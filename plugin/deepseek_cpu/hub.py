@@ -11,13 +11,13 @@ Steps, each stopping with a one-line `PullError` saying what went wrong and what
    list the repo and pick what the converter reads (config, tokenizer files, the
    safetensors shards named by the index; never *.bin, *.pt, optimizer states or other
    formats); check free disk for download + conversion + output.
-3. `snapshot_download` those files (revision pinned to the sha; token / HF_TOKEN,
-   HF_ENDPOINT, HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE honoured, read at call time).
-   Within a run, huggingface_hub resumes a dropped transfer with a Range request (from
-   the last whole 10 MiB chunk); other network errors are retried here with backoff.
-   Across runs, finished files are kept: huggingface_hub >= 2.x downloads each file to a
-   process-unique temporary and deletes it on failure, so a killed run restarts the
-   files it had not finished.
+3. Download those files (revision pinned to the sha; token / HF_TOKEN, HF_ENDPOINT,
+   HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE honoured, read at call time). Each file goes
+   to a stable partial name in the HF cache (download.py), so a run that is killed or
+   loses the network halfway through a shard continues it next time with a Range
+   request; finished files are checked (size, sha256 of LFS files) before they count.
+   Network errors are retried with backoff. `snapshot_download` then links the files
+   into the standard snapshot layout (and is all that runs offline).
 4. Convert (f32 / f16 / bf16 / q8_0 directly; other types through a bf16 intermediate
    quantized by llama.cpp's `llama_model_quantize`), written to a temporary name and
    renamed, so an interrupted pull never leaves a truncated GGUF.
@@ -82,6 +82,7 @@ class PullError(Exception):
     """A pull cannot go on; the message says why and what to do (one line)."""
 
     network = False  # True when the hub could not be reached (or kept failing)
+    cause: BaseException | None = None  # the exception it was made from
 
 
 @dataclass
@@ -182,7 +183,7 @@ def pull(repo: str, quant: str = "q4_k_m", revision: str | None = None, *, token
         snapshot = ctx.download(sha, files)
         out.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        _convert(Path(snapshot), out, quant, progress, verbose, say)
+        _convert(Path(snapshot), out, quant, progress, verbose, say, repo)
         _write_record(record, {"repo": repo, "revision": revision, "sha": sha, "quant": quant,
                                "converter": converter_key(), "created": time.time(),
                                "seconds": round(time.time() - t0, 1)})
@@ -251,6 +252,11 @@ class _Ctx:
     def storage(self) -> Path:
         return self.cache_dir / ("models--" + self.repo.replace("/", "--"))
 
+    @property
+    def locks(self) -> Path:
+        # the per-blob lock huggingface_hub itself takes
+        return self.cache_dir / ".locks" / ("models--" + self.repo.replace("/", "--"))
+
     def api(self):
         from huggingface_hub import HfApi
         return HfApi(endpoint=self.endpoint, token=self.token)
@@ -270,6 +276,7 @@ class _Ctx:
                     continue
                 err = self.error(e, what)
                 err.network = _is_network_error(e)
+                err.cause = e
                 raise err from None
 
     def error(self, e: Exception, what: str) -> PullError:
@@ -385,6 +392,23 @@ class _Ctx:
 
     def download(self, sha: str, files: list[str]) -> str:
         from huggingface_hub import snapshot_download
+        if not self.offline:
+            from .download import ChecksumError, ensure_blob
+            snap = self.storage / "snapshots" / sha
+            for f in files:
+                if (snap / f).exists():
+                    continue
+                for attempt in (1, 2):  # a bad checksum removes the partial file: start over once
+                    try:
+                        self.call(f"downloading {f}", lambda f=f: ensure_blob(
+                            self.repo, f, sha, storage=self.storage, locks=self.locks, endpoint=self.endpoint,
+                            token=self.token, progress=self.progress))
+                        break
+                    except PullError as e:
+                        if attempt == 2 or not isinstance(e.cause, ChecksumError):
+                            raise
+                        log.warning("%s", e)
+        # links the blobs into the snapshot (and fetches anything the loop above did not)
         patterns = [re.sub(r"([*?\[])", r"[\1]", f) for f in files]
         return self.call("downloading", lambda: snapshot_download(
             self.repo, revision=sha, allow_patterns=patterns, cache_dir=self.cache_dir, token=self.token,
@@ -445,7 +469,7 @@ def _check_disk(ctx: _Ctx, sha: str, files: list[str], sizes: dict[str, int], we
 
 # -- conversion ----------------------------------------------------------------------
 
-def _convert(snapshot: Path, out: Path, quant: str, progress: bool, verbose: bool, say) -> None:
+def _convert(snapshot: Path, out: Path, quant: str, progress: bool, verbose: bool, say, name: str) -> None:
     from .convert import convert
     from .converters.base import ConversionError
     from .converters.checkpoint import CheckpointError
@@ -454,12 +478,12 @@ def _convert(snapshot: Path, out: Path, quant: str, progress: bool, verbose: boo
     try:
         if quant in DIRECT:
             say(f"converting to {quant}")
-            convert(snapshot, out, outtype=quant, progress=progress)
+            convert(snapshot, out, outtype=quant, progress=progress, name=name)
         else:
             tmp = out.with_name(f"{out.stem}.{INTERMEDIATE}-intermediate-{os.getpid()}.gguf")
             try:
                 say(f"converting to {INTERMEDIATE} (intermediate)")
-                convert(snapshot, tmp, outtype=INTERMEDIATE, progress=progress)
+                convert(snapshot, tmp, outtype=INTERMEDIATE, progress=progress, name=name)
                 say(f"quantizing to {quant} with llama.cpp")
                 quantize(tmp, out, quant, verbose=verbose, progress=progress)
             finally:

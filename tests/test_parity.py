@@ -13,9 +13,9 @@ from conftest import CHECKPOINTS, FIXTURES
 TOL = 1e-4
 
 
-def engine_logits(gguf_path, tokens, **kw):
+def engine_logits(gguf_path, tokens, n_batch=128, **kw):
     from deepseek_cpu import Llama
-    llm = Llama(str(gguf_path), n_ctx=128, n_batch=128, logits_all=True, n_threads=2,
+    llm = Llama(str(gguf_path), n_ctx=128, n_batch=n_batch, logits_all=True, n_threads=2,
                 type_k=0, type_v=0, flash_attn=False, verbose=False, **kw)  # 0 = GGML_TYPE_F32
     llm.eval([int(t) for t in tokens])
     out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
@@ -34,6 +34,17 @@ def test_logits_match_transformers(converted, name):
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"{name}: max relative error {err.max():.3g} at position {err.argmax()} (per position: {np.round(err, 6)})"
     # same argmax everywhere: the error bound means the same greedy output
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_token_by_token_decode_matches_transformers(converted, name):
+    """One token per llama_decode, as in generation: MLA's single-token attention path
+    (patch 0012 runs it as one matrix product over all heads) against the oracle."""
+    ref = np.load(FIXTURES / name / "reference.npz")
+    got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=1)
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"{name}: max relative error {err.max():.3g} at position {err.argmax()}"
     assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 
 

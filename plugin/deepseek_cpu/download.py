@@ -71,12 +71,8 @@ def _lfs_sha256(etag: str) -> str | None:
     return etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None
 
 
-def partial_files(storage: Path) -> list[Path]:
-    return sorted((storage / "blobs").glob("*" + PARTIAL_SUFFIX))
-
-
 def ensure_blob(repo: str, filename: str, sha: str, *, storage: Path, locks: Path, endpoint: str,
-                token, progress: bool = True) -> Path:
+                token) -> Path:
     """Make sure `storage/blobs/<etag>` holds `filename` of `repo`@`sha`, continuing a partial
     download left by an earlier process. Returns the blob path."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url

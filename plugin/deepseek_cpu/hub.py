@@ -402,7 +402,7 @@ class _Ctx:
                     try:
                         self.call(f"downloading {f}", lambda f=f: ensure_blob(
                             self.repo, f, sha, storage=self.storage, locks=self.locks, endpoint=self.endpoint,
-                            token=self.token, progress=self.progress))
+                            token=self.token))
                         break
                     except PullError as e:
                         if attempt == 2 or not isinstance(e.cause, ChecksumError):

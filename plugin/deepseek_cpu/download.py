@@ -36,11 +36,17 @@ class _HashingWriter:
 
     def __init__(self, f, hasher_factory):
         self._f, self._new = f, hasher_factory
-        self.hasher = hasher_factory()
+        self._rehash()
+        self._f.seek(0, os.SEEK_END)
+
+    def _rehash(self) -> None:
+        """Hash what the file holds now (the kept part on resume; nothing after a restart)."""
+        pos = self._f.tell()
+        self.hasher = self._new()
         self._f.seek(0)
         while chunk := self._f.read(1 << 24):
             self.hasher.update(chunk)
-        self._f.seek(0, os.SEEK_END)
+        self._f.seek(pos)
 
     def write(self, b) -> int:
         n = self._f.write(b)
@@ -57,13 +63,7 @@ class _HashingWriter:
 
     def truncate(self, size: int | None = None) -> int:
         n = self._f.truncate(size)
-        if (size if size is not None else self._f.tell()) == 0:
-            self.hasher = self._new()
-        else:  # not done by http_get; keep the hash honest if it ever is
-            self._f.seek(0)
-            self.hasher = self._new()
-            while chunk := self._f.read(1 << 24):
-                self.hasher.update(chunk)
+        self._rehash()
         return n
 
 

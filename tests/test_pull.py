@@ -350,3 +350,18 @@ def test_pull_is_listed_as_a_builtin_plugin_command():
     assert "pull" in res.output
     from deepseek_cpu.plugins import describe
     assert any(r["name"] == "deepseek_cpu.pull" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
+
+
+def test_partial_file_hash_follows_a_restart(tmp_path):
+    # http_get rewinds and truncates when a server answers a Range request with 200: the
+    # running hash must then cover only the bytes written after the restart
+    from deepseek_cpu.download import _HashingWriter
+    with open(tmp_path / "partial", "ab+") as f:
+        f.write(b"kept part")
+        w = _HashingWriter(f, hashlib.sha256)
+        w.write(b" + more")
+        assert w.hasher.hexdigest() == hashlib.sha256(b"kept part + more").hexdigest()
+        w.seek(0)
+        w.truncate()
+        w.write(b"whole file")
+        assert w.hasher.hexdigest() == hashlib.sha256(b"whole file").hexdigest()

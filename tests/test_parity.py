@@ -48,6 +48,21 @@ def test_token_by_token_decode_matches_transformers(converted, name):
     assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 
 
+@pytest.mark.parametrize("n_batch", [128, 1], ids=["prefill", "token_by_token"])
+@pytest.mark.parametrize("form", ["absorbed", "decompressed"])
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_both_mla_attention_forms_match_transformers(converted, monkeypatch, name, form, n_batch):
+    """Patch 0016 attends through K/V decompressed from the latent cache when that is cheaper
+    (prefill) and in the absorbed form otherwise (decode); the engine picks by cost, so the
+    tiny fixtures would exercise only one. DEEPSEEK_CPU_MLA_MHA forces each form here."""
+    monkeypatch.setenv("DEEPSEEK_CPU_MLA_MHA", "1" if form == "decompressed" else "0")
+    ref = np.load(FIXTURES / name / "reference.npz")
+    got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch)
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"{name} ({form}): max relative error {err.max():.3g} at position {err.argmax()}"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
+
+
 def test_fixtures_cover_the_cases_the_patches_fix():
     import json
     cfgs = {n: json.loads((FIXTURES / n / "config.json").read_text()) for n in CHECKPOINTS}

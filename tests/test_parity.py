@@ -13,9 +13,9 @@ from conftest import CHECKPOINTS, FIXTURES
 TOL = 1e-4
 
 
-def engine_logits(gguf_path, tokens, n_batch=128, **kw):
+def engine_logits(gguf_path, tokens, n_batch=128, n_ctx=128, **kw):
     from deepseek_cpu import Llama
-    llm = Llama(str(gguf_path), n_ctx=128, n_batch=n_batch, logits_all=True, n_threads=2,
+    llm = Llama(str(gguf_path), n_ctx=n_ctx, n_batch=n_batch, logits_all=True, n_threads=2,
                 type_k=0, type_v=0, flash_attn=False, verbose=False, **kw)  # 0 = GGML_TYPE_F32
     llm.eval([int(t) for t in tokens])
     out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
@@ -60,6 +60,32 @@ def test_both_mla_attention_forms_match_transformers(converted, monkeypatch, nam
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch)
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"{name} ({form}): max relative error {err.max():.3g} at position {err.argmax()}"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
+
+
+LONG = [n for n in CHECKPOINTS if (FIXTURES / n / "reference_long.npz").exists()]
+ATTENTION = {  # environment that forces each of the engine's attention paths for a batch
+    "absorbed": {"DEEPSEEK_CPU_MLA_MHA": "0"},
+    "decompressed_flash_tiles": {"DEEPSEEK_CPU_MLA_MHA": "1", "DEEPSEEK_CPU_MLA_FA": "1"},
+    "decompressed_kq_softmax": {"DEEPSEEK_CPU_MLA_MHA": "1", "DEEPSEEK_CPU_MLA_FA": "0"},
+}
+
+
+@pytest.mark.parametrize("n_batch", [512, 100], ids=["one_batch", "batches_of_100"])
+@pytest.mark.parametrize("attn", sorted(ATTENTION))
+@pytest.mark.parametrize("name", LONG)
+def test_long_prefill_matches_transformers(converted, monkeypatch, name, attn, n_batch):
+    """Patch 0021 prefills through ggml's tiled CPU flash attention (64 queries x 64 keys per tile,
+    tiles hidden by the causal mask skipped); 160 tokens span full, partial and skipped tiles.
+    In batches of 100 the second batch (60 tokens) attends to cached keys through the untiled
+    kernel. reference_long.npz: tests/fixtures/make_long_reference.py."""
+    for k, v in ATTENTION[attn].items():
+        monkeypatch.setenv(k, v)
+    ref = np.load(FIXTURES / name / "reference_long.npz")
+    assert len(ref["tokens"]) > 2 * 64
+    got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch, n_ctx=256)
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"{name} ({attn}): max relative error {err.max():.3g} at position {err.argmax()}"
     assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 
 

@@ -75,10 +75,11 @@ ATTENTION = {  # environment that forces each of the engine's attention paths fo
 @pytest.mark.parametrize("attn", sorted(ATTENTION))
 @pytest.mark.parametrize("name", LONG)
 def test_long_prefill_matches_transformers(converted, monkeypatch, name, attn, n_batch):
-    """Patch 0021 prefills through ggml's tiled CPU flash attention (64 queries x 64 keys per tile,
-    tiles hidden by the causal mask skipped); 160 tokens span full, partial and skipped tiles.
-    In batches of 100 the second batch (60 tokens) attends to cached keys through the untiled
-    kernel. reference_long.npz: tests/fixtures/make_long_reference.py."""
+    """Patch 0021 prefills through flash attention in 64-query x 64-key tiles, skipping the tiles
+    the causal mask hides; 160 tokens span full, partial and skipped tiles. In batches of 100 the
+    second batch (60 queries) attends to cached keys. On x86, 0022's kernel runs both batches
+    (from 16 queries); elsewhere ggml's tiled kernel runs >= 64 queries and its untiled one the
+    rest. reference_long.npz: tests/fixtures/make_long_reference.py."""
     for k, v in ATTENTION[attn].items():
         monkeypatch.setenv(k, v)
     ref = np.load(FIXTURES / name / "reference_long.npz")

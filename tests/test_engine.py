@@ -117,3 +117,26 @@ def test_v2_lite_shape_with_other_layer_count_loads(converted):
     llm = Llama(str(converted("v2_lite", "f32")), n_ctx=64, verbose=False)
     llm.eval([1, 2, 3])
     llm.close()
+
+
+def test_op_profile_reports_where_graph_time_went(converted):
+    """DEEPSEEK_CPU_OP_PROFILE=1 (patch 0040): at exit, a table of graph time by op and weight, the
+    weight's layers summed; unset, nothing is printed."""
+    code = ("from deepseek_cpu import Llama\n"
+            f"llm = Llama({str(converted('v2_greedy', 'f32'))!r}, n_ctx=64, n_threads=2, verbose=False)\n"
+            "llm.eval([1, 2, 3, 4, 5])\n"
+            "llm.eval([6])\n")
+    r = run_python(code, env_extra={"DEEPSEEK_CPU_OP_PROFILE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = r.stderr[r.stderr.index("deepseek-cpu op profile:"):].splitlines()
+    rows = [l.split() for l in table[1:] if l.strip().endswith("]")]
+    shares = [float(row[0].rstrip("%")) for row in rows]
+    assert abs(sum(shares) - 100) < 0.5 and shares == sorted(shares, reverse=True)
+    # the prompt's and the decoded token's products are separate rows, summed over layers
+    keys = [" ".join(row[7:]) for row in rows]
+    assert any(k.startswith("MUL_MAT_ID f32 ffn_up_exps.weight [5 tok]") for k in keys), keys
+    assert any(k.startswith("MUL_MAT_ID f32 ffn_up_exps.weight [1 tok]") for k in keys), keys
+    counts = {" ".join(row[7:]): int(row[3]) for row in rows}
+    assert counts["MUL_MAT f32 output.weight [1 tok]"] == 2  # one row of logits per eval
+    r = run_python(code, unset=("DEEPSEEK_CPU_OP_PROFILE",))
+    assert r.returncode == 0 and "op profile" not in r.stderr

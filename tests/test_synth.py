@@ -142,6 +142,30 @@ def test_small_file_loads_and_gives_finite_logits(small_files, quant):
     assert 0.05 < logits.std() < 20
 
 
+def test_prefaulting_tensor_destinations_changes_neither_logits_nor_peak_rss(small_files):
+    """Patch 0042 faults in each large tensor's destination (here the 104 MB expert tensors) from
+    several threads before the loader copies it, one tensor at a time: the same logits, and no
+    more resident memory at the peak than faulting page by page during the copy (faulting the
+    whole buffer in at once would add the repacked weights on top of the mapped file)."""
+    code = ("import json, numpy as np, llama_cpp\n"
+            "from deepseek_cpu import Llama\n"
+            f"llm = Llama({str(small_files('q4_0'))!r}, n_ctx=64, n_batch=64, n_threads=2, verbose=False)\n"
+            "llm.eval([100, 200, 300, 400])\n"
+            "lg = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))\n"
+            "hwm = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]) * 1024\n"
+            "print(json.dumps({'logits': lg.tolist(), 'hwm': hwm}))\n")
+    import json
+    from conftest import run_python
+    res = {}
+    for v in ("1", "0"):
+        r = run_python(code, env_extra={"DEEPSEEK_CPU_PREFAULT": v})
+        assert r.returncode == 0, r.stderr[-2000:]
+        res[v] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["1"]["logits"] == res["0"]["logits"]
+    size = small_files("q4_0").stat().st_size
+    assert res["1"]["hwm"] <= res["0"]["hwm"] + 0.02 * size, (res["1"]["hwm"], res["0"]["hwm"], size)
+
+
 def test_full_file_metadata_is_the_converters(tmp_path):
     """An untruncated plan writes exactly the converter's metadata (no q_lora_rank key for
     V2-Lite, whose 27 layers stock recognises)."""

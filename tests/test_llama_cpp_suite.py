@@ -52,10 +52,10 @@ def test_quantize_fns():
 @pytest.mark.parametrize("ops,params", [
     # the matrix products DeepSeek's weights go through (dense, MoE experts), in the
     # quantization types users run, plus attention over MLA's 576/512 head sizes
-    ("MUL_MAT", "type_a=(q4_0|q8_0|q4_K|q6_K|bf16|f16|f32),type_b=f32"),
+    ("MUL_MAT", "type_a=(q4_0|q5_0|q8_0|q4_K|q6_K|bf16|f16|f32),type_b=f32"),
     # (MUL_MAT_ID over q8_0/q4_K as well takes minutes of CPU; q4_0 goes through the
-    # repacked expert kernels, the ones our performance work touches)
-    ("MUL_MAT_ID", "type_a=q4_0,type_b=f32"),
+    # repacked expert kernels, q5_0's single-token experts through patch 0043's GEMV)
+    ("MUL_MAT_ID", "type_a=(q4_0|q5_0),type_b=f32"),
     ("FLASH_ATTN_EXT", "hsk=576,hsv=512"),
 ])
 def test_backend_ops(ops, params):

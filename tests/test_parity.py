@@ -96,16 +96,16 @@ def test_long_prefill_matches_transformers(converted, monkeypatch, name, attn, n
 def test_flash_attn_on_matches_transformers(converted, monkeypatch, name, form, n_batch):
     """flash_attn=True (f32 cache): since patch 0041 a prefill batch still takes the decompressed
     form, which attends through 0021/0022's f32 flash attention; single tokens take the absorbed
-    form through ggml's flash attention over the latent cache. Both forms are forced here, in
-    batches of 100 (the second batch attends to cached keys) and token by token. The absorbed form
-    runs ggml's own flash-attention kernel, which we do not change: it is 3.5e-4 off on stock
-    0.3.36 as well (v2_greedy token by token, f32 cache; 4.4e-7 without flash attention), hence
-    its looser bound."""
+    form through flash attention over the latent cache. Both forms are forced here, in batches of
+    100 (the second batch attends to cached keys) and token by token. A single token in the
+    absorbed form runs patch 0044's one-query kernel on the f32 cache as it is (5.8e-7 here; ggml's
+    own kernel on a cache cast to f16 was 4.7e-4 off, as on stock 0.3.36). Batches in the absorbed
+    form still run ggml's own kernel, which we do not change, hence their looser bound."""
     monkeypatch.setenv("DEEPSEEK_CPU_MLA_MHA", "1" if form == "decompressed" else "0")
     ref = np.load(FIXTURES / name / "reference_long.npz")
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch, n_ctx=256, flash_attn=True)
     err = rel_errors(got, ref["logits"])
-    tol = TOL if form == "decompressed" else 1e-3
+    tol = TOL if form == "decompressed" or n_batch == 1 else 1e-3
     assert err.max() <= tol, f"{name} ({form}, flash_attn): max relative error {err.max():.3g} at position {err.argmax()}"
     assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 

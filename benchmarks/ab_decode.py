@@ -66,7 +66,9 @@ for r in range(reps + 1):
 print(json.dumps(out))
 """
 
-FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}  # llama_flash_attn_type
+# the llama_flash_attn_type values, shared with the prefill A/B (this directory is on sys.path
+# when the script runs)
+from ab_prefill import FLASH_ATTN  # noqa: E402
 
 
 def parse_env(items: list[str]) -> dict[str, str]:

@@ -132,11 +132,16 @@ def test_op_profile_reports_where_graph_time_went(converted):
     rows = [l.split() for l in table[1:] if l.strip().endswith("]")]
     shares = [float(row[0].rstrip("%")) for row in rows]
     assert abs(sum(shares) - 100) < 0.5 and shares == sorted(shares, reverse=True)
+    # per call: the node's time to the end of the barrier after it, and thread 0's own part (patch 0054)
+    assert all(row[7] == "(own" and 0 <= float(row[8].rstrip(")")) <= float(row[5]) + 0.05 for row in rows), rows
     # the prompt's and the decoded token's products are separate rows, summed over layers
-    keys = [" ".join(row[7:]) for row in rows]
+    keys = [" ".join(row[9:]) for row in rows]
     assert any(k.startswith("MUL_MAT_ID f32 ffn_up_exps.weight [5 tok]") for k in keys), keys
     assert any(k.startswith("MUL_MAT_ID f32 ffn_up_exps.weight [1 tok]") for k in keys), keys
-    counts = {" ".join(row[7:]): int(row[3]) for row in rows}
+    # other ops are keyed by their whole shape: the prompt's per-head query concat is its own row
+    concat = [k for k in keys if k.startswith("CONCAT f32 [")]
+    assert any(k.endswith(" x 5]") for k in concat) and any(" x " not in k for k in concat), concat
+    counts = {" ".join(row[9:]): int(row[3]) for row in rows}
     assert counts["MUL_MAT f32 output.weight [1 tok]"] == 2  # one row of logits per eval
     r = run_python(code, unset=("DEEPSEEK_CPU_OP_PROFILE",))
     assert r.returncode == 0 and "op profile" not in r.stderr

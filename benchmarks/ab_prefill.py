@@ -8,6 +8,7 @@ them. Each run is a fresh process that loads MODEL with the libraries in one dir
 minutes of a shared machine hit both sides.
 
     python benchmarks/ab_prefill.py MODEL.gguf LIBDIR_A LIBDIR_B --pairs 3 --reps 3
+    python benchmarks/ab_prefill.py MODEL.gguf LIB LIB --env-b SOME_SWITCH=1   # one build, a switch
 
 Prints each run's timings and, per side, the median and range of all timed prefills, and the
 ratio B/A of the medians. Copy a build's lib/ aside first (`cp -r .venv/.../deepseek_cpu/lib
@@ -62,8 +63,8 @@ print(json.dumps(out))
 FLASH_ATTN = {"off": 0, "on": 1, "auto": -1}  # llama_flash_attn_type
 
 
-def run(model: str, lib: str, pp: int, reps: int, threads: int, fa: str) -> list[float]:
-    env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
+def run(model: str, lib: str, pp: int, reps: int, threads: int, fa: str, extra: list[str] = ()) -> list[float]:
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib, **dict(kv.split("=", 1) for kv in extra))
     r = subprocess.run([sys.executable, "-c", CHILD, model, str(pp), str(reps), str(threads),
                         str(FLASH_ATTN[fa])],
                        env=env, capture_output=True, text=True)
@@ -77,6 +78,8 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("lib_a")
     ap.add_argument("lib_b")
+    ap.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE", help="environment of side A")
+    ap.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE", help="environment of side B")
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--reps", type=int, default=3, help="timed prefills per process")
     ap.add_argument("--pairs", type=int, default=3, help="A/B process pairs")
@@ -86,9 +89,9 @@ def main() -> None:
     a = ap.parse_args()
     res: dict[str, list[float]] = {"A": [], "B": []}
     for i in range(a.pairs):
-        for side, lib in (("A", a.lib_a), ("B", a.lib_b)):
+        for side, lib, extra in (("A", a.lib_a, a.env_a), ("B", a.lib_b, a.env_b)):
             t0 = time.perf_counter()
-            v = run(a.model, lib, a.pp, a.reps, a.threads, a.flash_attn)
+            v = run(a.model, lib, a.pp, a.reps, a.threads, a.flash_attn, extra)
             res[side] += v
             print(f"pair {i + 1} {side}: " + " ".join(f"{x:.2f}" for x in v)
                   + f" tok/s ({time.perf_counter() - t0:.0f} s)", flush=True)

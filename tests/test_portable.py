@@ -15,26 +15,63 @@ from conftest import REPO, run_python
 
 pytestmark = pytest.mark.slow
 
-# variant -> /proc/cpuinfo flags it needs (a subset of ggml's own table, enough to rank these)
+# ggml's x86 variants (ggml/src/CMakeLists.txt) and its ranking (ggml-cpu/arch/x86/cpu-feats.cpp):
+# a variant scores 0 if the CPU lacks one of its features, else 1 + the weights of its features;
+# the loader maps the highest-scoring one. Mirrored here so the expectation holds on any x86 CPU
+# (an AMX Xeon picks sapphirerapids, a Zen 4 zen4, an AVX2-only guest haswell).
+FEATURES = {  # ggml feature -> (/proc/cpuinfo flags, score weight)
+    "FMA": (["fma"], 1), "F16C": (["f16c"], 1 << 1), "SSE42": (["sse4_2"], 1 << 2),
+    "BMI2": (["bmi2"], 1 << 3), "AVX": (["avx"], 1 << 4), "AVX2": (["avx2"], 1 << 5),
+    "AVX_VNNI": (["avx_vnni"], 1 << 6),
+    "AVX512": (["avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"], 1 << 7),
+    "AVX512_VBMI": (["avx512vbmi"], 1 << 8), "AVX512_BF16": (["avx512_bf16"], 1 << 9),
+    "AVX512_VNNI": (["avx512_vnni"], 1 << 10), "AMX_INT8": (["amx_int8"], 1 << 11),
+    "AMX_TILE": ([], 0),  # compiled in, not scored
+}
+_BASE = ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2"]
 VARIANTS = {
-    "x64": [],
-    "haswell": ["avx2", "fma", "f16c", "bmi2"],
-    "skylakex": ["avx2", "fma", "f16c", "bmi2", "avx512f"],
-    "zen4": ["avx2", "fma", "f16c", "bmi2", "avx512f", "avx512vbmi", "avx512_vnni", "avx512_bf16"],
+    "x64": [], "sse42": ["SSE42"], "sandybridge": ["SSE42", "AVX"], "ivybridge": ["SSE42", "AVX", "F16C"],
+    "piledriver": ["SSE42", "AVX", "F16C", "FMA"], "haswell": _BASE,
+    "skylakex": _BASE + ["AVX512"], "cannonlake": _BASE + ["AVX512", "AVX512_VBMI"],
+    "cascadelake": _BASE + ["AVX512", "AVX512_VNNI"], "icelake": _BASE + ["AVX512", "AVX512_VBMI", "AVX512_VNNI"],
+    "cooperlake": _BASE + ["AVX512", "AVX512_VNNI", "AVX512_BF16"],
+    "zen4": _BASE + ["AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"],
+    "alderlake": _BASE + ["AVX_VNNI"],
+    "sapphirerapids": _BASE + ["AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_TILE", "AMX_INT8"],
 }
 
 
-def expected_variant() -> str:
-    flags = set()
+def cpu_flags() -> set[str]:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    best = "x64"
-    for name, need in VARIANTS.items():  # ordered from least to most capable
-        if all(f in flags for f in need):
-            best = name
-    return best
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def variant_score(name: str, flags: set[str]) -> int:
+    score = 1
+    for feat in VARIANTS[name]:
+        need, weight = FEATURES[feat]
+        if not all(f in flags for f in need):
+            return 0
+        score += weight
+    return score
+
+
+def expected_variant() -> str:
+    flags = cpu_flags()
+    return max(VARIANTS, key=lambda v: variant_score(v, flags))
+
+
+def test_variant_ranking_mirrors_ggml():
+    # the mirror itself: a Zen 4's flags pick zen4, the same plus AMX sapphirerapids, AVX2 only haswell
+    zen4 = {"sse4_2", "avx", "f16c", "fma", "avx2", "bmi2", "avx512f", "avx512cd", "avx512vl", "avx512dq",
+            "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16"}
+    assert max(VARIANTS, key=lambda v: variant_score(v, zen4)) == "zen4"
+    assert max(VARIANTS, key=lambda v: variant_score(v, zen4 | {"amx_tile", "amx_int8"})) == "sapphirerapids"
+    assert max(VARIANTS, key=lambda v: variant_score(v, {"sse4_2", "avx", "f16c", "fma", "avx2", "bmi2"})) == "haswell"
+    assert max(VARIANTS, key=lambda v: variant_score(v, {"sse4_2", "avx", "f16c", "fma", "avx2", "bmi2",
+                                                         "avx_vnni"})) == "alderlake"
 
 
 @pytest.fixture(scope="module")

@@ -328,6 +328,11 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
               "settings": {**spec, "repeat": repeat, "opts": per_engine_opts if compare_stock else
                            {"ours": per_engine_opts["ours"]}},
               "host": _host(), "engines": {}}
+    if "stock" in libs and (libs["stock"].parent / "stock.json").is_file():
+        built = json.loads((libs["stock"].parent / "stock.json").read_text())
+        result["stock_build"] = {k: built[k] for k in ("variant", "cmake_flags") if k in built}
+        if built.get("variant", "native") != "native":
+            log(f"stock built {built['variant']}")
     if warm_cache:
         s = warm_page_cache(model)
         log(f"read {model} once into the page cache ({s:.1f} s)")

@@ -3,7 +3,8 @@ side-by-side comparisons (`deepseek-cpu bench --compare-stock`).
 
 Built once into $DEEPSEEK_CPU_CACHE or ~/.cache/deepseek-cpu/stock-<commit>/ with the
 same CMake flags as our engine (Release, shared libraries, GGML_NATIVE, OpenMP, CPU
-backend only): the only difference is the patch series. A process selects it with
+backend only): the only difference is the patch series. On a CPU with AMX it is built for the
+CPU's extensions without AMX (stock-<commit>-noamx): see cmake_flags(). A process selects it with
 LLAMA_CPP_LIB_PATH=<that dir>/lib (the drop-in respects a path the caller set).
 
     python -m deepseek_cpu.stock            # build (if needed) and print the lib dir
@@ -51,7 +52,8 @@ def pin() -> dict:
 
 
 def stock_dir(commit: str | None = None) -> Path:
-    return cache_root() / f"stock-{commit or pin()['llama_cpp_commit']}"
+    suffix = "-noamx" if cpu_has_amx() else ""
+    return cache_root() / f"stock-{commit or pin()['llama_cpp_commit']}{suffix}"
 
 
 def stock_lib_dir(commit: str | None = None) -> Path | None:
@@ -84,6 +86,42 @@ CMAKE_FLAGS = [
     "-DCMAKE_PLATFORM_NO_VERSIONED_SONAME=ON",
 ]
 TARGETS = ["llama", "ggml", "ggml-base", "ggml-cpu"]
+
+# On a CPU with AMX, -march=native compiles llama.cpp's AMX buffer type, and at this commit the
+# stock library then aborts on any DeepSeek-V2 model (the scheduler cannot place MLA's attn_k_b
+# product) and, past that, crashes in ldtilecfg (llama.cpp #20824); our patch 0057 drops that buffer.
+# A comparison needs a stock library that runs, so there it is built for the same instruction set
+# extensions named one by one (GGML_NATIVE=OFF), without AMX: /proc/cpuinfo flag -> ggml switch.
+X86_SWITCHES = [
+    ("sse4_2", "GGML_SSE42"), ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("bmi2", "GGML_BMI2"),
+    ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"), ("avx_vnni", "GGML_AVX_VNNI"),
+    ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+]
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_amx() -> bool:
+    return "amx_int8" in cpu_flags()
+
+
+def cmake_flags() -> list[str]:
+    """CMAKE_FLAGS, or on an AMX CPU the same build for this CPU's extensions minus AMX."""
+    if not cpu_has_amx():
+        return list(CMAKE_FLAGS)
+    have = cpu_flags()
+    flags = [f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON"] + ["-DGGML_NATIVE=OFF"]
+    flags += [f"-D{switch}={'ON' if flag in have else 'OFF'}" for flag, switch in X86_SWITCHES]
+    return flags + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
 def _log(msg: str) -> None:
@@ -148,7 +186,10 @@ def ensure_stock_build(progress: bool = True, jobs: int | None = None) -> Path:
             raise StockBuildError(str(e)) from None
         cmake = shutil.which("cmake") or "cmake"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        _run([cmake, "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS], log, "stock: cmake configure", progress)
+        flags = cmake_flags()
+        if progress and cpu_has_amx():
+            _log("this CPU has AMX: stock is built without it (its AMX path crashes at this commit)")
+        _run([cmake, "-S", str(src), "-B", str(build), *gen, *flags], log, "stock: cmake configure", progress)
         jobs = jobs or os.cpu_count() or 1
         _run([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(jobs)], log, "stock: build", progress)
         tmp = d / "lib.partial"
@@ -160,7 +201,8 @@ def ensure_stock_build(progress: bool = True, jobs: int | None = None) -> Path:
             raise StockBuildError(f"the stock build produced no libllama.so in {build / 'bin'} (log: {log})")
         shutil.rmtree(lib, ignore_errors=True)
         os.replace(tmp, lib)
-        info = {"commit": commit, "version": p["version"], "patches": [], "cmake_flags": CMAKE_FLAGS,
+        info = {"commit": commit, "version": p["version"], "patches": [], "cmake_flags": flags,
+                "variant": "no AMX (GGML_NATIVE=OFF, this CPU's other extensions)" if cpu_has_amx() else "native",
                 "built_in_s": round(time.time() - t0, 1)}
         (lib / "deepseek-cpu-source.json").write_text(json.dumps({k: info[k] for k in ("commit", "version", "patches")}))
         (d / "stock.json").write_text(json.dumps(info, indent=2))

@@ -65,16 +65,20 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode()
 
 
-def cpu_features() -> list[str]:
-    flags: set[str] = set()
+def cpu_flags() -> set[str]:
+    """The first CPU's /proc/cpuinfo flags (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
+                    return set(line.split(":", 1)[1].split())
     except OSError:
-        return []
+        pass
+    return set()
+
+
+def cpu_features() -> list[str]:
+    flags = cpu_flags()
     wanted = ["avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
               "avx512_bf16", "avx512vbmi", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"]
     return [w for w in wanted if w in flags]

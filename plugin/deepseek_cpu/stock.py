@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from .engine import cpu_flags
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -100,16 +102,6 @@ X86_SWITCHES = [
 ]
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def cpu_has_amx() -> bool:
     return "amx_int8" in cpu_flags()
 
@@ -186,8 +178,8 @@ def ensure_stock_build(progress: bool = True, jobs: int | None = None) -> Path:
             raise StockBuildError(str(e)) from None
         cmake = shutil.which("cmake") or "cmake"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        flags = cmake_flags()
-        if progress and cpu_has_amx():
+        flags, amx = cmake_flags(), cpu_has_amx()
+        if progress and amx:
             _log("this CPU has AMX: stock is built without it (its AMX path crashes at this commit)")
         _run([cmake, "-S", str(src), "-B", str(build), *gen, *flags], log, "stock: cmake configure", progress)
         jobs = jobs or os.cpu_count() or 1
@@ -202,7 +194,7 @@ def ensure_stock_build(progress: bool = True, jobs: int | None = None) -> Path:
         shutil.rmtree(lib, ignore_errors=True)
         os.replace(tmp, lib)
         info = {"commit": commit, "version": p["version"], "patches": [], "cmake_flags": flags,
-                "variant": "no AMX (GGML_NATIVE=OFF, this CPU's other extensions)" if cpu_has_amx() else "native",
+                "variant": "no AMX (GGML_NATIVE=OFF, this CPU's other extensions)" if amx else "native",
                 "built_in_s": round(time.time() - t0, 1)}
         (lib / "deepseek-cpu-source.json").write_text(json.dumps({k: info[k] for k in ("commit", "version", "patches")}))
         (d / "stock.json").write_text(json.dumps(info, indent=2))

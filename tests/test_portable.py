@@ -7,7 +7,6 @@ checks which libggml-cpu-*.so a fresh interpreter maps.
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 

@@ -1,0 +1,105 @@
+// Streaming rate of the engine's own decode GEMVs (one column times many rows), from L2 or from DRAM,
+// on N threads: the measurement behind patches 0059 (prefetch) and the README's GB/s figures.
+// It links the built libggml-cpu and calls its exported kernels on random weights of the given shape,
+// so it measures exactly what the engine runs; compare with benchmarks/membw.c on the same machine.
+//
+//   g++ -O2 -fopenmp benchmarks/gemv_stream.cpp -o /tmp/gemv_stream -L$LIB -lggml-cpu -lggml-base -Wl,-rpath,$LIB
+//   OMP_NUM_THREADS=1 /tmp/gemv_stream q4_0x8 2048 1408 1      # weights in L2: compute rate of one core
+//   OMP_NUM_THREADS=2 /tmp/gemv_stream q4_0x8 2048 1408 400    # 400 MB from DRAM on two threads
+//
+// TYPE: q4_0x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group)
+// or q8_0 / q5_0 / q4_0 / q6_K (plain rows, R rows per matrix, handed out in chunks of 64 rows).
+// LIB: the engine's lib directory (e.g. .venv/lib/python3.11/site-packages/deepseek_cpu/lib).
+// The AMX Xeon guest, 2 threads, 400 MB: q4_0x8 ~24 GB/s without 0059's prefetch, 24-30 with it.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <omp.h>
+#include <vector>
+
+enum ggml_type { GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q8_K = 15 };
+struct block_q4_0;
+struct block_q4_K;
+namespace ggml { namespace cpu { namespace repack {
+template <typename BLOC_TYPE, long INTER_SIZE, long NB_COLS, ggml_type PARAM_TYPE>
+void gemv(int, float *, size_t, const void *, const void *, int, int);
+}}}
+extern "C" {
+void ggml_dsc_gemv_q8_0_q8_0(int, int, float *, const void *, size_t, const void *);
+void ggml_dsc_gemv_q5_0_q8_0(int, int, float *, const void *, size_t, const void *);
+void ggml_dsc_gemv_q4_0_q8_0(int, int, float *, const void *, size_t, const void *);
+void ggml_dsc_gemv_q6_K_q8_K(int, int, float *, const void *, size_t, const void *);
+}
+typedef void (*plain_gemv)(int, int, float *, const void *, size_t, const void *);
+
+static double now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+int main(int argc, char ** argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s TYPE N ROWS_PER_MATRIX MB\n", argv[0]);
+        return 2;
+    }
+    const char * ty = argv[1];
+    const int n = atoi(argv[2]);
+    const long rows = atol(argv[3]);
+    const double mb = atof(argv[4]);
+    // block geometry: values per block, bytes per block (per 8 rows for the repacked ones), f16 scale offsets
+    int qk = 32, bsz = 0, nscale = 1, sc_off = 0, sc_step = 2;
+    plain_gemv plain = nullptr;
+    bool k_col = false;  // q8_K column (q4_K, q6_K) instead of q8_0
+    if (!strcmp(ty, "q4_0x8"))      { bsz = 8 * 18;  nscale = 8; }
+    else if (!strcmp(ty, "q4_Kx8")) { qk = 256; bsz = 8 * 144; nscale = 16; k_col = true; }
+    else if (!strcmp(ty, "q8_0"))   { bsz = 34; plain = ggml_dsc_gemv_q8_0_q8_0; }
+    else if (!strcmp(ty, "q5_0"))   { bsz = 22; plain = ggml_dsc_gemv_q5_0_q8_0; }
+    else if (!strcmp(ty, "q4_0"))   { bsz = 18; plain = ggml_dsc_gemv_q4_0_q8_0; }
+    else if (!strcmp(ty, "q6_K"))   { qk = 256; bsz = 210; sc_off = 208; plain = ggml_dsc_gemv_q6_K_q8_K; k_col = true; }
+    else { fprintf(stderr, "unknown TYPE %s\n", ty); return 2; }
+    if (n % qk != 0 || (!plain && rows % 8 != 0)) { fprintf(stderr, "N must be a multiple of %d (ROWS of 8)\n", qk); return 2; }
+
+    const size_t row_bytes = (size_t) n / qk * bsz / (plain ? 1 : 8);
+    const size_t mat = row_bytes * rows;
+    const long nm = mb * 1e6 / mat > 1 ? (long) (mb * 1e6 / mat) : 1;
+    std::vector<uint8_t> w(nm * mat);
+    for (auto & b : w) b = rand();
+    // sane f16 scales (1.0 or ~0.004) so no NaN/inf slows the float steps
+    for (size_t i = 0; i + bsz <= w.size(); i += bsz) {
+        for (int j = 0; j < nscale; j++) { w[i + sc_off + sc_step * j] = 0; w[i + sc_off + sc_step * j + 1] = k_col ? 0x1c : 0x3c; }
+    }
+    const size_t ybytes = k_col ? (size_t) n / 256 * 292 : (size_t) n / 32 * 34;
+    std::vector<uint8_t> y(ybytes);
+    for (auto & b : y) b = rand() % 64;
+    if (k_col) { for (size_t i = 0; i < ybytes; i += 292) { const float one = 1; memcpy(&y[i], &one, 4); } }
+    else       { for (size_t i = 0; i < ybytes; i += 34) { y[i] = 0; y[i + 1] = 0x3c; } }
+    std::vector<float> s(nm * rows);
+
+    const int nt = omp_get_max_threads();
+    const int iters = mb < 10 ? 200 : 3;
+    for (int rep = 0; rep < 5; rep++) {
+        const double t0 = now();
+        for (int it = 0; it < iters; it++) {
+            if (plain) {
+#pragma omp parallel for schedule(dynamic, 1)
+                for (long c = 0; c < nm * rows; c += 64) {
+                    const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
+                    plain(n, (int) m, s.data() + c, w.data() + c * row_bytes, row_bytes, y.data());
+                }
+            } else {
+                // each thread an even share of every matrix's row groups, as the engine hands them out
+#pragma omp parallel for schedule(static)
+                for (long m = 0; m < nm * nt; m++) {
+                    const long mm = m / nt, part = m % nt;
+                    const long g0 = rows / 8 * part / nt, g1 = rows / 8 * (part + 1) / nt;
+                    float * dst = s.data() + mm * rows + 8 * g0;
+                    const uint8_t * src = w.data() + mm * mat + (size_t) g0 * 8 * row_bytes;
+                    if (k_col) ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                    else       ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                }
+            }
+        }
+        const double dt = now() - t0;
+        printf("%s n=%d rows=%ld x %ld matrices, %d threads: %.2f GB/s\n", ty, n, rows, nm, nt, nm * mat * (double) iters / dt / 1e9);
+    }
+    return 0;
+}

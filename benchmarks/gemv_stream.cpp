@@ -45,8 +45,9 @@ int main(int argc, char ** argv) {
     const int n = atoi(argv[2]);
     const long rows = atol(argv[3]);
     const double mb = atof(argv[4]);
-    // block geometry: values per block, bytes per block (per 8 rows for the repacked ones), f16 scale offsets
-    int qk = 32, bsz = 0, nscale = 1, sc_off = 0, sc_step = 2;
+    // block geometry: values per block, bytes per block (per 8 rows for the repacked ones), and where its
+    // nscale consecutive f16 scales start
+    int qk = 32, bsz = 0, nscale = 1, sc_off = 0;
     plain_gemv plain = nullptr;
     bool k_col = false;  // q8_K column (q4_K, q6_K) instead of q8_0
     if (!strcmp(ty, "q4_0x8"))      { bsz = 8 * 18;  nscale = 8; }
@@ -65,7 +66,7 @@ int main(int argc, char ** argv) {
     for (auto & b : w) b = rand();
     // sane f16 scales (1.0 or ~0.004) so no NaN/inf slows the float steps
     for (size_t i = 0; i + bsz <= w.size(); i += bsz) {
-        for (int j = 0; j < nscale; j++) { w[i + sc_off + sc_step * j] = 0; w[i + sc_off + sc_step * j + 1] = k_col ? 0x1c : 0x3c; }
+        for (int j = 0; j < nscale; j++) { w[i + sc_off + 2 * j] = 0; w[i + sc_off + 2 * j + 1] = k_col ? 0x1c : 0x3c; }
     }
     const size_t ybytes = k_col ? (size_t) n / 256 * 292 : (size_t) n / 32 * 34;
     std::vector<uint8_t> y(ybytes);

@@ -41,6 +41,34 @@ def test_bench_smoke_json(tiny_model, tmp_path):
         s = ours["summary"][m]
         assert s["n"] == 1 and s["median"] > 0 and s["min"] <= s["median"] <= s["max"]
     assert "pp16" in p.stdout and "tg4" in p.stdout
+    assert res["settings"]["warm_load"] and res["warm_loads"]["ours"]["ok"]
+    assert res["warm_loads"]["ours"]["load_s"] > 0 and "pp_tok_s" not in res["warm_loads"]["ours"]
+    assert "untimed load ours" in p.stderr
+
+
+def test_bench_untimed_load_then_order_flips_each_repeat(tmp_path, monkeypatch):
+    for d in ("ours", "stock"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "libllama.so").write_bytes(b"")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf")
+    calls = []
+
+    def fake_run_once(engine, lib, spec, timeout):
+        calls.append((engine, bool(spec.get("load_only"))))
+        return {"ok": True, "load_s": 1.0, "pp_tok_s": 10.0, "tg_tok_s": 5.0, "tg_depth_tok_s": 4.0, "peak_rss_bytes": 1}
+
+    monkeypatch.setattr(bench, "run_once", fake_run_once)
+    res = bench.bench(str(model), repeat=3, compare_stock=True, ours_lib=str(tmp_path / "ours"),
+                      stock_lib=str(tmp_path / "stock"), warm_cache=False, log=lambda *a, **k: None)
+    assert calls == [("ours", True), ("stock", True),
+                     ("ours", False), ("stock", False), ("stock", False), ("ours", False),
+                     ("ours", False), ("stock", False)]
+    assert len(res["engines"]["ours"]["runs"]) == 3 and res["ratios_ours_over_stock"]["pp_tok_s"] == 1.0
+    calls.clear()
+    bench.bench(str(model), repeat=1, compare_stock=True, ours_lib=str(tmp_path / "ours"),
+                stock_lib=str(tmp_path / "stock"), warm_cache=False, warm_load=False, log=lambda *a, **k: None)
+    assert calls == [("ours", False), ("stock", False)]
 
 
 def _fake_result():

@@ -4,9 +4,14 @@ RSS of our engine, optionally side by side with stock llama.cpp (`--compare-stoc
     deepseek-cpu bench model.gguf --pp 512 --tg 128 --repeat 3 --compare-stock --json out.json --plot out.png
 
 Every engine run is its own child process (so peak RSS and load time are per engine and
-nothing is shared but the page cache); with --compare-stock runs alternate
-ours, stock, ours, stock, ... and each metric is reported as median [min-max] over the
-repeats, with the ratio of medians ours/stock.
+nothing is shared but the page cache); with --compare-stock runs alternate, the order
+flipping each repeat (ours, stock, stock, ours, ours, ...), and each metric is reported as
+median [min-max] over the repeats, with the ratio of medians ours/stock.
+
+Before the timed runs each engine loads the model once, untimed (--no-warm-load skips
+it): the first load after the page-cache warm-up was measured to take up to 2-3x the
+later ones (the kernel reclaims page cache for the new process's memory), and it would
+land on whichever engine happened to run first.
 
 One run (child process), with the llama_cpp low-level API on a context made by the
 engine's `Llama` class (ours: deepseek_cpu.Llama, stock: llama_cpp.Llama), so each engine
@@ -84,6 +89,8 @@ def child_run(spec: dict) -> dict:
     llm = Llama(spec["model"], **kw)
     load_s = time.perf_counter() - t0
     rss_load = _proc_status("VmRSS")
+    if spec.get("load_only"):
+        return {"load_s": load_s, "rss_after_load_bytes": rss_load, "peak_rss_bytes": _proc_status("VmHWM")}
     ctx = llm._ctx.ctx
     n_vocab = llm.n_vocab()
     mem = lc.llama_get_memory(ctx)
@@ -305,7 +312,7 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
           ctx_depth: int = 4096, compare_stock: bool = False, opts: dict | None = None,
           ours_opts: dict | None = None, stock_opts: dict | None = None, ours_lib: str | None = None,
           stock_lib: str | None = None, seed: int = 0, timeout: float = 3600, warm_cache: bool = True,
-          log=None) -> dict:
+          warm_load: bool = True, log=None) -> dict:
     """Run the benchmark (see the module docstring); returns the JSON-ready result."""
     from .resources import default_threads
     if log is None:
@@ -325,7 +332,7 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
             "n_ctx": n_ctx, "seed": seed}
     per_engine_opts = {"ours": {**(opts or {}), **(ours_opts or {})}, "stock": {**(opts or {}), **(stock_opts or {})}}
     result = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": _gguf_info(model),
-              "settings": {**spec, "repeat": repeat, "opts": per_engine_opts if compare_stock else
+              "settings": {**spec, "repeat": repeat, "warm_load": warm_load, "opts": per_engine_opts if compare_stock else
                            {"ours": per_engine_opts["ours"]}},
               "host": _host(), "engines": {}}
     if "stock" in libs and (libs["stock"].parent / "stock.json").is_file():
@@ -337,12 +344,21 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         s = warm_page_cache(model)
         log(f"read {model} once into the page cache ({s:.1f} s)")
     runs: dict[str, list] = {e: [] for e in libs}
+    if warm_load:
+        result["warm_loads"] = {}
+        for e, lib in libs.items():
+            log(f"untimed load {e:5s} ...", nl=False)
+            res = run_once(e, lib, {**spec, "opts": per_engine_opts[e], "load_only": True}, timeout)
+            result["warm_loads"][e] = res
+            log(f" {res['load_s']:.1f} s" if res.get("ok") else f" FAILED: {res.get('error')}")
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # our own previous run keeps the 1-minute load average near `threads` for a while; above
     # the CPU count, something else is competing for the cores
     busy_at = ncpu + 0.5
+    order = list(libs.items())
     for r in range(repeat):
-        for e, lib in libs.items():
+        # flip the order every repeat, so drift in the machine's pace lands on both engines alike
+        for e, lib in (order if r % 2 == 0 else order[::-1]):
             load = os.getloadavg()[0]
             if load > busy_at:
                 log(f"warning: load average {load:.1f} on {ncpu} CPUs: other processes compete, "
@@ -493,8 +509,11 @@ def deepseek_cpu_register_commands(cli):
     @click.option("--seed", default=0, show_default=True, help="Seed of the random prompt.")
     @click.option("--timeout", default=3600.0, show_default=True, help="Seconds allowed per run.")
     @click.option("--no-warm-cache", is_flag=True, help="Do not read the model into the page cache first.")
+    @click.option("--no-warm-load", is_flag=True,
+                  help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
     def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, ours_opt, stock_opt,
-                  ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache):
+                  ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
+                  no_warm_load):
         """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
 
         Each run is a fresh process; with --compare-stock, ours and stock alternate and the
@@ -513,7 +532,7 @@ def deepseek_cpu_register_commands(cli):
             res = bench(model, pp=pp, tg=tg, threads=threads, repeat=repeat, ctx_depth=ctx_depth,
                         compare_stock=compare_stock, opts=common, ours_opts=_parse_opts(ours_opt),
                         stock_opts=_parse_opts(stock_opt), ours_lib=ours_lib, stock_lib=stock_lib, seed=seed,
-                        timeout=timeout, warm_cache=not no_warm_cache,
+                        timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load,
                         log=lambda m, nl=True: click.echo(m, err=True, nl=nl))
         except (ValueError, FileNotFoundError) as e:
             raise click.ClickException(str(e)) from None

@@ -26,6 +26,8 @@ int main(int argc, char ** argv) {
         return 2;
     }
     const size_t n = (size_t) 2 << 30;  // 2 GiB, far beyond the caches
+    const size_t chunk = n / nt;                 // a thread's share
+    const size_t part  = chunk / ns / 256 * 256; // one stream's
     char * p = aligned_alloc(1 << 21, n);
     madvise(p, n, MADV_HUGEPAGE);
     memset(p, 1, n);
@@ -35,8 +37,6 @@ int main(int argc, char ** argv) {
 #pragma omp parallel num_threads(nt) reduction(+ : sink)
         {
             const int t = omp_get_thread_num();
-            const size_t chunk = n / nt;
-            const size_t part  = chunk / ns / 256 * 256;
             __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
             for (size_t i = 0; i < part; i += 256) {
                 for (int s = 0; s < ns; s++) {
@@ -58,7 +58,7 @@ int main(int argc, char ** argv) {
         }
         const double dt = omp_get_wtime() - t0;
         printf("%d threads, %d stream%s each, prefetch %d: %.1f GB/s\n", nt, ns, ns == 1 ? "" : "s", pfd,
-               (double) (n / nt / ns / 256 * 256) * nt * ns / dt / 1e9);
+               (double) part * ns * nt / dt / 1e9);
     }
     free(p);
     return sink == 12345 ? 1 : 0;

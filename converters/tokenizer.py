@@ -51,6 +51,10 @@ class MissingTokenizer(FileNotFoundError):
 
 Step = tuple[Any, ...]
 
+# tokenizer.ggml.model for byte-level BPE: llama.cpp's name for its BPE vocabulary type
+# (llama-vocab.cpp: "gpt2" -> LLAMA_VOCAB_TYPE_BPE), not a pre-tokenizer name.
+TOKENIZER_MODEL = "gpt2"
+
 # ByteLevel used purely as a byte->unicode mapping (the splitting happened in
 # the Split steps before it).
 _BYTELEVEL_NO_REGEX: Step = ("ByteLevel", False, False)
@@ -117,7 +121,8 @@ KNOWN_PRE_TOKENIZERS: dict[str, tuple[Step, ...]] = {
         _BYTELEVEL_NO_REGEX,
     ),
     # Plain GPT-2: the ByteLevel step does the splitting with its built-in regex.
-    "gpt2": (("ByteLevel", False, True),),
+    # (The engine's name is "gpt-2"; "gpt2" is the name of the tokenizer *model*.)
+    "gpt-2": (("ByteLevel", False, True),),
     # Llama 3 style BPE (used by the R1 Llama distills).
     "llama-bpe": (
         _split(
@@ -127,6 +132,13 @@ KNOWN_PRE_TOKENIZERS: dict[str, tuple[Step, ...]] = {
         _BYTELEVEL_NO_REGEX,
     ),
 }
+
+
+# Pre-tokenizers for which the engine skips BPE merges when a whole pre-token is in the
+# vocabulary (llama-vocab.cpp sets ignore_merges for them); HF does the same only when the
+# tokenizer.json model says "ignore_merges": true (Llama 3 does). A file whose flag
+# disagrees would tokenize differently in the engine, so it is refused.
+ENGINE_IGNORES_MERGES = frozenset({"llama-bpe"})
 
 
 def _step_signature(step: dict[str, Any]) -> Step:
@@ -167,6 +179,12 @@ def detect_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
     signature = pre_tokenizer_signature(tokenizer_json)
     for name, known in KNOWN_PRE_TOKENIZERS.items():
         if signature == known:
+            ignores = bool(tokenizer_json["model"].get("ignore_merges", False))
+            if ignores != (name in ENGINE_IGNORES_MERGES):
+                raise UnsupportedTokenizer(
+                    f"tokenizer.json has the {name!r} pre-tokenizer with model.ignore_merges={ignores}, but "
+                    f"llama.cpp {'always' if name in ENGINE_IGNORES_MERGES else 'never'} skips merges for "
+                    f"{name!r} vocabularies; the engine would tokenize differently from Hugging Face")
             return name
     found = "\n".join(f"  {i}: {step!r}" for i, step in enumerate(signature)) or "  (no pre_tokenizer)"
     raise UnsupportedTokenizer(
@@ -328,7 +346,7 @@ def read_tokenizer(model_dir: pathlib.Path, vocab_size: int) -> TokenizerData:
 
 def write_tokenizer(writer: gguf.GGUFWriter, tok: TokenizerData) -> None:
     """Add the tokenizer.ggml.* keys (and chat template) to ``writer``."""
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(tok.pre)
     writer.add_token_list(tok.tokens)
     writer.add_token_types(tok.token_types)

@@ -58,10 +58,10 @@ def llama_cpp_source_dir() -> Path | None:
     if not tarball.exists():
         return None
     out = Path(os.environ.get("DEEPSEEK_CPU_TEST_CACHE", Path.home() / ".cache" / "deepseek-cpu-tests")) / "llama.cpp-models"
-    if not (out / "done").exists():
-        prefix = pin["llama_cpp_dir"] + "/models/ggml-vocab-deepseek"
+    if not (out / "done-all-vocabs").exists():
+        prefix = pin["llama_cpp_dir"] + "/models/ggml-vocab-"
         with tarfile.open(tarball) as tf:
             members = [m for m in tf.getmembers() if m.name.startswith(prefix)]
             tf.extractall(out, members=members, filter="data")
-        (out / "done").touch()
+        (out / "done-all-vocabs").touch()
     return out / pin["llama_cpp_dir"]

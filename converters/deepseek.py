@@ -25,6 +25,12 @@ ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 ARCH = "deepseek2"
 
+# integer fields of config.json that may be absent or null (the required ones are listed in
+# DeepseekConverter.__init__); a string or float there is a broken config, not a model
+OPTIONAL_COUNTS = ("intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
+                   "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "n_group",
+                   "topk_group", "max_position_embeddings")
+
 # how the router ranks groups of experts (the engine's deepseek2.expert_group_score_topk):
 # V2's group_limited_greedy keeps the groups holding the best single experts,
 # V3's noaux_tc the groups with the best top-2 sums.
@@ -61,6 +67,11 @@ class DeepseekConverter:
         missing = [k for k in need if config.get(k) is None]
         if missing:
             raise ConversionError(f"{self.dir}/config.json lacks {', '.join(missing)}")
+        for k in (*need, *OPTIONAL_COUNTS):
+            v = config.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (k in need)):
+                raise ConversionError(f"{self.dir}/config.json: {k} must be a {'positive' if k in need else 'non-negative'} "
+                                      f"integer, not {v!r}")
         self.n_layer = int(config["num_hidden_layers"])
         self.n_head = int(config["num_attention_heads"])
         self.q_lora = config.get("q_lora_rank")

@@ -356,6 +356,12 @@ def _break(kind, model: Path):
         with open(model / SHARD2, "r+b") as f:
             f.seek(8)
             f.write(b"\xff" * 32)
+    elif kind == "vocab-smaller-than-tokenizer":
+        edit_config(model, vocab_size=300)
+    elif kind == "vocab-not-a-number":
+        edit_config(model, vocab_size="102400")
+    elif kind == "count-is-a-float":
+        edit_config(model, n_routed_experts=8.0)
     elif kind == "config-is-dir":
         (model / "config.json").unlink()
         (model / "config.json").mkdir()
@@ -370,6 +376,9 @@ def _break(kind, model: Path):
     ("truncated", "truncated"),
     ("corrupt-header", "corrupt safetensors header"),
     ("config-is-dir", "cannot read"),
+    ("vocab-smaller-than-tokenizer", "vocab_size is 300"),
+    ("vocab-not-a-number", "vocab_size must be a positive integer, not '102400'"),
+    ("count-is-a-float", "n_routed_experts must be a non-negative integer, not 8.0"),
     ("disk-full", "no space left"),
 ])
 def test_cli_bad_input_one_line_error(tmp_path, out_dir, kind, needle):
@@ -502,3 +511,17 @@ def test_name_option_sets_general_name(tmp_path):
                                    "--quiet", "--name", "deepseek-ai/DeepSeek-V2-Lite-Chat"])
     assert res.exit_code == 0, res.output
     assert gguf.GGUFReader(out).get_field("general.name").contents() == "DeepSeek-V2-Lite-Chat"
+
+
+def test_package_level_convert_is_callable_in_any_import_order(tmp_path):
+    """`from deepseek_cpu import convert; convert(...)` as the docs say, also after the
+    submodule was imported first (which rebinds the package attribute to the module)."""
+    code = ("import deepseek_cpu.convert, sys\n"
+            "from deepseek_cpu import convert\n"
+            "p = convert(sys.argv[1], sys.argv[2], outtype='f32', progress=False)\n"
+            "print(p)\n")
+    out = tmp_path / "m.gguf"
+    r = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "v2_greedy"), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert out.is_file() and r.stdout.strip() == str(out)

@@ -94,6 +94,8 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
     writer = gguf.GGUFWriter(None, conv.arch)
     try:
         writer.add_file_type(int(_file_type(outtype)))
+        # the block layout's revision; llama.cpp's converter writes it for every file type
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         conv.write_metadata(writer)
         tk.write_tokenizer(writer, tok)
         for p in plans:
@@ -194,3 +196,17 @@ def _bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                 disable=not enabled, leave=False)
+
+
+class _CallableModule(type(os)):
+    """`deepseek_cpu.convert(...)` is documented as the function, but importing this
+    submodule makes the package attribute of the same name the module; calling the module
+    calls the function, so both spellings work whichever was imported first."""
+
+    def __call__(self, *args, **kwargs):
+        return convert(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

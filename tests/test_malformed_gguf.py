@@ -1,0 +1,196 @@
+"""A damaged GGUF never takes the process down: it loads, or the caller gets an exception.
+
+A server or notebook that opens a corrupt download must survive it. Each file here is a
+valid small model (the v2_greedy fixture, converted) with one thing broken: a token made
+equal to another, bytes flipped in the header, the metadata, the token list or the tensor
+infos, or the file cut short. Each is opened in a child process, one after another; a
+child that dies of a signal (an abort in the engine) is recorded and the next file goes
+to a fresh child.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+SEEDS_PER_KIND = 40
+KINDS = ("duplicate_token", "hparam", "header", "metadata", "token_list", "tensor_infos", "truncated")
+# values a damaged or hand-made file may hold in a model's integer hyperparameters
+ODD_VALUES = (0, 1, 2, 3, 7, 255, 4096, 1 << 20, 1 << 31, (1 << 32) - 1)
+
+# loads each path named on stdin; prints one JSON line per file before and after, so the
+# parent knows which file a crash happened on
+CHILD = textwrap.dedent("""
+    import json, sys
+    from deepseek_cpu import Llama
+    for line in sys.stdin:
+        path = line.strip()
+        print(json.dumps({"start": path}), flush=True)
+        try:
+            llm = Llama(path, n_ctx=32, n_threads=1, verbose=False)
+            ids = llm.tokenize(b"Hello world", add_bos=False)
+            llm.eval(ids[:2])
+            llm.close()
+            out = {"path": path, "outcome": "loaded", "n_ids": len(ids)}
+        except Exception as e:
+            out = {"path": path, "outcome": "exception", "type": type(e).__name__, "message": str(e)[:200]}
+        print(json.dumps(out), flush=True)
+""")
+
+
+def _regions(path: Path) -> dict[str, tuple[int, int]]:
+    """Byte ranges [start, end) of the parts of a GGUF file that the mutations target."""
+    r = gguf.GGUFReader(path)
+    fields = list(r.fields.values())
+    kv = [f for f in fields if not f.name.startswith("GGUF.")]
+    tokens = r.fields["tokenizer.ggml.tokens"]
+    after_tokens = min((f.offset for f in kv if f.offset > tokens.offset), default=r.tensors[0].field.offset)
+    ti_start = r.tensors[0].field.offset
+    ti_end = r.data_offset
+    return {"header": (0, kv[0].offset), "metadata": (kv[0].offset, ti_start),
+            "token_list": (tokens.offset, after_tokens), "tensor_infos": (ti_start, ti_end),
+            "file": (0, path.stat().st_size)}
+
+
+def _duplicate_token(data: bytearray, tokens: list[str], regions, rng: random.Random) -> str:
+    """Overwrite one token string with another of the same byte length (the file stays
+    well-formed; the vocabulary now has two equal entries)."""
+    by_len: dict[int, list[int]] = {}
+    for i, t in enumerate(tokens):
+        by_len.setdefault(len(t.encode("utf-8")), []).append(i)
+    groups = [ids for ids in by_len.values() if len(ids) > 1]
+    ids = rng.choice(groups)
+    a, b = rng.sample(ids, 2)
+    ta, tb = tokens[a].encode(), tokens[b].encode()
+    start, end = regions["token_list"]
+    needle = struct.pack("<Q", len(tb)) + tb
+    pos = data.find(needle, start, end)
+    assert pos >= 0
+    data[pos + 8: pos + 8 + len(tb)] = ta
+    return f"token {b} set to token {a}'s text {tokens[a]!r}"
+
+
+def _hparam_offsets(path: Path) -> dict[str, int]:
+    """File offset of the value of each scalar 32-bit integer key of the architecture and
+    the tokenizer (layer, head, expert counts, lengths, token ids)."""
+    r = gguf.GGUFReader(path)
+    found = {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or len(f.types) != 1:
+            continue
+        if f.types[0] in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.INT32):
+            value = f.parts[f.data[0]]
+            # the value is the field's last part; its offset is the field's end minus 4
+            size = sum(int(p.nbytes) for p in f.parts)
+            assert int(value.nbytes) == 4
+            found[name] = f.offset + size - 4
+    return found
+
+
+def _mutants(valid: Path, out_dir: Path) -> list[tuple[Path, str]]:
+    base = valid.read_bytes()
+    regions = _regions(valid)
+    tokens = [str(t) for t in gguf.GGUFReader(valid).fields["tokenizer.ggml.tokens"].contents()]
+    hparams = _hparam_offsets(valid)
+    made = []
+    for kind in KINDS:
+        for seed in range(SEEDS_PER_KIND):
+            rng = random.Random(f"{kind}-{seed}")
+            data = bytearray(base)
+            if kind == "duplicate_token":
+                what = _duplicate_token(data, tokens, regions, rng)
+            elif kind == "hparam":
+                key = rng.choice(sorted(hparams))
+                value = rng.choice(ODD_VALUES)
+                data[hparams[key]: hparams[key] + 4] = struct.pack("<I", value)
+                what = f"{key} = {value}"
+            elif kind == "truncated":
+                cut = rng.randrange(1, len(data))
+                del data[cut:]
+                what = f"cut at byte {cut} of {len(base)}"
+            else:
+                start, end = regions[kind]
+                n = rng.choice((1, 1, 2, 4))
+                where = sorted(rng.randrange(start, end) for _ in range(n))
+                for pos in where:
+                    data[pos] ^= 1 << rng.randrange(8) if rng.random() < 0.5 else rng.randrange(1, 256)
+                what = f"bytes {where} changed"
+            path = out_dir / f"{kind}-{seed:02d}.gguf"
+            path.write_bytes(bytes(data))
+            made.append((path, f"{kind}: {what}"))
+    return made
+
+
+def _load_all(paths: list[Path]) -> dict[str, dict]:
+    """Outcome per file; a child killed by a signal marks the file it was on and a fresh
+    child goes on with the rest."""
+    results: dict[str, dict] = {}
+    todo = [str(p) for p in paths]
+    while todo:
+        proc = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(todo) + "\n", text=True,
+                              capture_output=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        current = None
+        for line in proc.stdout.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "start" in msg:
+                current = msg["start"]
+            else:
+                results[msg["path"]] = msg
+                current = None
+        if proc.returncode == 0:
+            break
+        if current is None:  # died outside a load: report it whole
+            pytest.fail(f"loader child exited {proc.returncode} between files:\n{proc.stderr[-2000:]}")
+        sig = -proc.returncode if proc.returncode < 0 else None
+        results[current] = {"path": current, "outcome": "died",
+                            "signal": signal.Signals(sig).name if sig else f"exit {proc.returncode}",
+                            "stderr": proc.stderr.strip().splitlines()[-3:]}
+        todo = todo[todo.index(current) + 1:]
+    return results
+
+
+@pytest.fixture(scope="module")
+def mutants(converted, tmp_path_factory):
+    valid = converted("v2_greedy", "f32")
+    return _mutants(valid, tmp_path_factory.mktemp("mutants"))
+
+
+@pytest.fixture(scope="module")
+def outcomes(mutants):
+    return _load_all([p for p, _ in mutants])
+
+
+def test_no_damaged_file_kills_the_process(mutants, outcomes):
+    died = [(what, outcomes[str(p)]) for p, what in mutants if outcomes[str(p)]["outcome"] == "died"]
+    assert not died, f"{len(died)} of {len(mutants)} damaged files killed the process:\n" + "\n".join(
+        f"  {what}: {r['signal']} {r['stderr']}" for what, r in died[:10])
+    assert len(outcomes) == len(mutants)
+
+
+def test_duplicate_tokens_are_a_clear_error(mutants, outcomes):
+    dup = [(p, what) for p, what in mutants if what.startswith("duplicate_token")]
+    assert len(dup) == SEEDS_PER_KIND
+    for p, what in dup:
+        r = outcomes[str(p)]
+        assert r["outcome"] == "exception" and r["type"] == "ValueError", (what, r)
+
+
+def test_every_kind_of_damage_is_tried(mutants, outcomes):
+    """The mutations reach the loader's checks: each kind gives some exceptions (a kind that
+    only ever loads would mean its bytes are never read)."""
+    for kind in KINDS:
+        got = [outcomes[str(p)]["outcome"] for p, what in mutants if what.startswith(kind + ":")]
+        assert got.count("exception") > 0, (kind, got)

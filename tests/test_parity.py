@@ -117,3 +117,77 @@ def test_fixtures_cover_the_cases_the_patches_fix():
     assert any(c.get("q_lora_rank") is None and c["num_hidden_layers"] not in (26, 27) for c in cfgs.values())
     assert any((c.get("rope_scaling") or {}).get("type") == "yarn" for c in cfgs.values())
     assert any(c.get("topk_method") == "noaux_tc" for c in cfgs.values())
+
+
+# outtype -> (the engine's name for the file type, bound on the median per-position error).
+# The fixtures' weights are bf16, so the error comes from the engine's activations in
+# these types (and q8_0's weight rounding). Measured medians on the four fixtures: f16
+# 3.1-4.1e-4, bf16 2.6-3.0e-3, q8_0 1.4-1.8e-2; the single worst position can be 10x
+# that where a rounded router score picks another expert, hence the median. A tensor the
+# engine read in the wrong layout or type gives errors of order 1.
+STORED_TYPES = {"f16": ("F16", 1.5e-3), "bf16": ("BF16", 1e-2), "q8_0": ("Q8_0", 5e-2)}
+
+
+@pytest.mark.parametrize("outtype", sorted(STORED_TYPES))
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_every_outtype_is_loaded_and_used_by_the_engine(converted, name, outtype):
+    """Each type the converter writes: the engine names the file type it read from
+    general.file_type, and its logits follow transformers' within the type's precision."""
+    import ctypes
+    import llama_cpp
+    from deepseek_cpu import Llama
+    ftype, bound = STORED_TYPES[outtype]
+    path = converted(name, outtype)
+    llm = Llama(str(path), n_ctx=32, verbose=False)
+    desc = ctypes.create_string_buffer(128)
+    llama_cpp.llama_model_desc(llm.model, desc, len(desc))
+    llm.close()
+    assert desc.value.decode().split()[-1] == ftype, desc.value
+    ref = np.load(FIXTURES / name / "reference.npz")
+    got = engine_logits(path, ref["tokens"])
+    err = rel_errors(got, ref["logits"])
+    assert np.median(err) <= bound, f"{name} {outtype}: median relative error {np.median(err):.3g} (per position {np.round(err, 4)})"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).mean() >= 0.9
+
+
+def _with_value(src, dst, key, value):
+    """A copy of GGUF `src` with metadata `key`'s scalar value replaced in place (same size:
+    an integer, a bool, or a string of the same length)."""
+    import struct
+    import gguf
+    field = gguf.GGUFReader(src).fields[key]
+    end = field.offset + sum(int(p.nbytes) for p in field.parts)
+    old = field.parts[field.data[0]]
+    if isinstance(value, bool):
+        new = bytes([value])
+    elif isinstance(value, int):
+        new = struct.pack("<I", value)
+    else:
+        new = value.encode()
+    assert len(new) == int(old.nbytes), (key, value)
+    data = bytearray(src.read_bytes())
+    data[end - len(new):end] = new
+    dst.write_bytes(bytes(data))
+    assert gguf.GGUFReader(dst).fields[key].contents() == value
+    return dst
+
+
+# (fixture, key the converter writes, another value the engine would also accept)
+ENGINE_READ_KEYS = [
+    ("v2_group", "deepseek2.expert_group_score_topk", 2),  # V2 ranks groups by their best expert
+    ("v3_noaux", "deepseek2.expert_group_score_topk", 1),  # V3 by the sum of the top two
+    ("v3_noaux", "deepseek2.expert_gating_func", 1),       # sigmoid, not softmax
+    ("v3_noaux", "deepseek2.expert_weights_norm", False),
+    ("v2_group", "deepseek2.rope.scaling.type", "none"),   # yarn
+]
+
+
+@pytest.mark.parametrize("name,key,other", ENGINE_READ_KEYS, ids=[f"{k[0]}-{k[1].split('.', 1)[1]}" for k in ENGINE_READ_KEYS])
+def test_engine_reads_the_value_the_converter_wrote(converted, tmp_path, name, key, other):
+    """The value we write is read and used: with it the engine matches transformers
+    (test_logits_match_transformers), with another valid value it does not. A key the
+    engine ignored, or read under another name, would give the same logits both ways."""
+    ref = np.load(FIXTURES / name / "reference.npz")
+    changed = _with_value(converted(name, "f32"), tmp_path / "changed.gguf", key, other)
+    err = rel_errors(engine_logits(changed, ref["tokens"]), ref["logits"])
+    assert err.max() > 100 * TOL, f"{key} = {other!r} changed nothing (max relative error {err.max():.3g})"

@@ -245,6 +245,25 @@ def test_context_shift_on_deepseek2_does_not_abort(gguf, tmp_path):
         assert s.stop() == 0, s.log.read_text()[-3000:]
 
 
+def wait_for(condition, timeout: float = 60) -> bool:
+    """Poll `condition` until it holds; False if it still does not after `timeout` s. The
+    timeout only stops a hang: it is no bound on how fast anything must be."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def exited(pid: int) -> bool:
+    """The process is gone, or has exited and waits for its parent to reap it (a zombie)."""
+    try:
+        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return True
+
+
 def test_sigterm_shuts_down_cleanly_without_orphans(gguf, tmp_path):
     s = Served(gguf, tmp_path / "server.log")
     kids = s.children()
@@ -252,9 +271,7 @@ def test_sigterm_shuts_down_cleanly_without_orphans(gguf, tmp_path):
     assert _greedy(s.client(), "the cat sat", max_tokens=4)[1] in ("stop", "length")
     rc = s.stop(signal.SIGTERM, timeout=60)
     assert rc == 0, s.log.read_text()[-3000:]
-    time.sleep(0.2)
-    for k in kids:
-        assert not Path(f"/proc/{k}").exists() or "zombie" in Path(f"/proc/{k}/status").read_text().lower(), k
+    assert wait_for(lambda: all(map(exited, kids))), [k for k in kids if not exited(k)]
 
 
 def test_parent_killed_takes_the_server_along(gguf, tmp_path):
@@ -262,10 +279,7 @@ def test_parent_killed_takes_the_server_along(gguf, tmp_path):
     kids = s.children()
     s.proc.kill()
     s.proc.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(Path(f"/proc/{k}").exists() for k in kids):
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{k}").exists() for k in kids)
+    assert wait_for(lambda: all(map(exited, kids))), [k for k in kids if not exited(k)]
 
 
 LLAMA_CPP_SERVER = r"""
@@ -277,9 +291,10 @@ app = create_app(server_settings=ServerSettings(host="127.0.0.1", port={port}),
                  model_settings=[ModelSettings(model={model!r}, n_ctx=256, n_threads=2, verbose=False)])
 srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port={port}, log_level="warning"))
 t = threading.Thread(target=srv.run, daemon=True); t.start()
-for _ in range(300):
-    if srv.started: break
-    time.sleep(0.1)
+deadline = time.monotonic() + 60  # waits for start-up; no bound on how fast it is
+while not srv.started:
+    if time.monotonic() > deadline or not t.is_alive(): sys.exit("uvicorn did not start")
+    time.sleep(0.05)
 req = urllib.request.Request("http://127.0.0.1:{port}/v1/chat/completions", method="POST",
       headers={{"Content-Type": "application/json"}},
       data=json.dumps({{"messages": [{{"role": "user", "content": "the cat sat"}}], "max_tokens": 8, "temperature": 0}}).encode())

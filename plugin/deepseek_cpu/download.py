@@ -6,8 +6,11 @@ failure, so a pull that is killed (OOM killer, Ctrl-C twice, a reboot) halfway t
 name, `blobs/<etag>.dscpu-partial`, next to where huggingface_hub puts the finished blob;
 a later run (any process) continues it with an HTTP Range request, under the same
 per-blob lock huggingface_hub takes. The finished file is checked against its size and,
-for LFS files (whose ETag is the sha256 of the content), its sha256, then renamed to
-`blobs/<etag>`; `snapshot_download` afterwards only links it into the snapshot.
+for LFS files, its sha256, then renamed to `blobs/<etag>`; `snapshot_download` afterwards
+only links it into the snapshot. (The hub answers an LFS file with a 302 to a signed CDN
+URL carrying `X-Linked-Etag: "<sha256>"` and `X-Linked-Size`, which `get_hf_file_metadata`
+reports as the etag and size; the CDN's own ETag is not the sha256. A plain git file's
+ETag is its git blob sha1, and is not checked here.)
 
 Only public huggingface_hub functions are used (`get_hf_file_metadata`, `http_get`), so
 HF_ENDPOINT, tokens, proxies and its own in-run retries behave as they do there.

@@ -270,6 +270,8 @@ class _Ctx:
                 raise
             except Exception as e:  # noqa: BLE001 - classified below
                 if delay is not None and _is_network_error(e):
+                    # a 429 (or 503) says when to come back; retrying sooner only gets refused again
+                    delay = max(delay, _retry_after(e))
                     log.warning("%s: network error (%s); retry %d of %d in %.0f s",
                                 what, _short(e), attempt, len(RETRY_DELAYS), delay)
                     time.sleep(delay)
@@ -613,6 +615,19 @@ def _is_server_error(e: BaseException) -> bool:
     from huggingface_hub import errors as E
     resp = getattr(e, "response", None) if isinstance(e, E.HfHubHTTPError) else None
     return resp is not None and (resp.status_code >= 500 or resp.status_code in (408, 429))
+
+
+def _retry_after(e: BaseException) -> float:
+    """Seconds the hub asked us to wait (`Retry-After`, else its `RateLimit` reset), or 0."""
+    from huggingface_hub.utils import parse_ratelimit_headers
+    resp = getattr(e, "response", None)
+    if resp is None or resp.status_code not in (429, 503):
+        return 0.0
+    value = (resp.headers.get("Retry-After") or "").strip()
+    if value.isdigit():
+        return float(value)
+    info = parse_ratelimit_headers(resp.headers)
+    return float(info.reset_in_seconds) if info is not None and info.remaining == 0 else 0.0
 
 
 def _short(e: BaseException) -> str:

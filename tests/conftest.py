@@ -65,3 +65,50 @@ def llama_cpp_source_dir() -> Path | None:
             tf.extractall(out, members=members, filter="data")
         (out / "done-all-vocabs").touch()
     return out / pin["llama_cpp_dir"]
+
+
+# -- what the run proved: the closing lines of every pytest run -----------------------------
+
+# x86 kernel levels: (the name in ggml's system info, the /proc/cpuinfo flags they need)
+KERNEL_LEVELS = {"AVX2": ("AVX2", ["avx2", "fma"]), "AVX-512": ("AVX512", ["avx512f", "avx512bw", "avx512vl"]),
+                 "AVX-512 VNNI": ("AVX512_VNNI", ["avx512_vnni"]), "AMX": ("AMX_INT8", ["amx_int8", "amx_tile"])}
+
+
+def kernel_coverage() -> str:
+    """Which kernel paths the loaded engine has compiled in, and which of those this CPU runs."""
+    import re
+    try:
+        import llama_cpp
+        from deepseek_cpu.engine import cpu_flags
+        info = llama_cpp.llama_print_system_info().decode()
+        flags = set(cpu_flags())
+    except Exception as e:  # noqa: BLE001 - a report line, never a failure
+        return f"kernel paths: unknown ({type(e).__name__}: {e})"
+    model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                  if l.startswith("model name")), "unknown CPU")
+    ran, compiled_only = [], []
+    for level, (key, needs) in KERNEL_LEVELS.items():
+        built = re.search(rf"\b{key} = 1\b", info) is not None
+        if built and all(f in flags for f in needs):
+            ran.append(level)
+        else:
+            compiled_only.append(level)
+    return (f"kernel paths on {model}: ran {', '.join(ran) or 'none'}; "
+            f"syntax-checked only (tests/test_kernel_isa.py): {', '.join(compiled_only) or 'none'}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from collections import Counter
+    stats = terminalreporter.stats
+    reasons = Counter()
+    for rep in stats.get("skipped", []):
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")[:120]] += 1
+    n_run = sum(len(stats.get(k, [])) for k in ("passed", "failed", "xfailed", "xpassed"))
+    skipped = sum(reasons.values())
+    line = f"coverage: {n_run} tests ran, {skipped} skipped"
+    if reasons:
+        line += " -- " + "; ".join(f"{n} x {r}" for r, n in reasons.most_common())
+    terminalreporter.write_line(line)
+    terminalreporter.write_line(kernel_coverage())

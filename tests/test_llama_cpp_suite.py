@@ -1,6 +1,7 @@
 """llama.cpp's own test programs, built from the patched tree and shipped in the package,
 run against it: the peer's test suite as a second oracle, especially after kernel patches."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,3 +74,11 @@ def test_repack_ops():
     r = run([program("test-repack-ops")])
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
+    # the program exits 0 when it finds no repack buffer or runs no case: a pass must
+    # show cases run in every section, all agreeing
+    sections = re.findall(r"^test-repack-ops: (.*?)(\d+)/(\d+) (.*)$", out, re.M)
+    assert len(sections) >= 12, out[-3000:]
+    for what, ok, total, rest in sections:
+        assert int(total) > 0 and ok == total, (what, ok, total, rest)
+    total = re.search(r"^test-repack-ops: (\d+)/(\d+) cases agree$", out, re.M)
+    assert total and int(total.group(2)) >= 900 and total.group(1) == total.group(2), out[-1000:]

@@ -1,6 +1,7 @@
 """`deepseek-cpu bench` runs and writes well-formed JSON. Never a timed assertion: the
 numbers are only checked to exist and be positive."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,27 +72,59 @@ def test_bench_untimed_load_then_order_flips_each_repeat(tmp_path, monkeypatch):
     assert calls == [("ours", False), ("stock", False)]
 
 
-def _fake_result():
-    def eng(scale):
-        runs = [{"ok": True, "pp_tok_s": 30.0 * scale * f, "tg_tok_s": 13.0 * scale * f, "ttft_s": 16 / scale,
-                 "load_s": 5.0, "peak_rss_bytes": 2**33 / scale} for f in (0.9, 1.0, 1.1)]
-        return {"runs": runs, "summary": bench.summarize(runs), "library": "x", "build_info": None, "patched": False}
-    res = {"settings": {"pp": 512, "tg": 128, "ctx_depth": 0, "threads": 2, "repeat": 3},
-           "model": {"path": "/m.gguf", "size_bytes": 2**33, "name": "m"},
-           "engines": {"ours": eng(2.0), "stock": eng(1.0)}}
-    so, ss = res["engines"]["ours"]["summary"], res["engines"]["stock"]["summary"]
-    res["ratios_ours_over_stock"] = {m: so[m]["median"] / ss[m]["median"] for m in so}
-    return res
+# Runs as fake child processes would report them. Medians are chosen apart from means and first
+# runs, so that a ratio of means or of single runs would show in the table.
+GiB = 2**30
+FAKE_RUNS = {  # metric -> (ours, stock), one value per repeat
+    "pp_tok_s": ([60.0, 90.0, 61.0], [30.5, 30.0, 100.0]),
+    "tg_tok_s": ([12.0, 3.0, 9.0], [6.0, 6.0, 1.0]),
+    "ttft_s": ([0.25, 0.2, 0.9], [1.0, 0.5, 0.2]),
+    "load_s": ([4.0, 4.0, 4.0], [1.0, 1.0, 1.0]),
+    "peak_rss_bytes": ([0.75 * GiB] * 3, [3.0 * GiB] * 3),
+}
 
 
-def test_table_and_ratios():
-    res = _fake_result()
-    assert res["ratios_ours_over_stock"]["pp_tok_s"] == pytest.approx(2.0)
-    t = bench.format_table(res)
-    assert "ours/stock" in t and "2.00x" in t and "pp512" in t and "decode at depth" not in t
+def _bench_on_fake_runs(tmp_path, monkeypatch):
+    """bench.bench() with --compare-stock, its child processes replaced by FAKE_RUNS: the
+    summaries, ratios and table all come from the code under test."""
+    for d in ("ours", "stock"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "libllama.so").write_bytes(b"")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf")
+    done = {"ours": 0, "stock": 0}
+
+    def fake_run_once(engine, lib, spec, timeout):
+        i = done[engine]
+        done[engine] += 1
+        return {"ok": True, **{m: v[engine == "stock"][i] for m, v in FAKE_RUNS.items()}}
+
+    monkeypatch.setattr(bench, "run_once", fake_run_once)
+    return bench.bench(str(model), pp=16, tg=4, threads=2, repeat=3, ctx_depth=0, compare_stock=True,
+                       ours_lib=str(tmp_path / "ours"), stock_lib=str(tmp_path / "stock"),
+                       warm_cache=False, warm_load=False, log=lambda *a, **k: None)
 
 
-def test_plot(tmp_path):
+def test_table_and_ratios(tmp_path, monkeypatch):
+    res = _bench_on_fake_runs(tmp_path, monkeypatch)
+    # ratios of the medians, worked out by hand from FAKE_RUNS: 61/30.5, 9/6, 0.25/0.5, 4/1, 0.75/3
+    assert res["ratios_ours_over_stock"] == pytest.approx(
+        {"pp_tok_s": 2.0, "tg_tok_s": 1.5, "ttft_s": 0.5, "load_s": 4.0, "peak_rss_bytes": 0.25})
+    rows = {}
+    for line in bench.format_table(res).splitlines()[2:]:  # below the header and its rule
+        label, *cells = re.split(r"\s{2,}", line.strip())
+        rows[label] = cells
+    # median [min-max] per engine, then the ratio; no rows for metrics without runs (depth 0)
+    assert rows == {
+        "pp16 [tok/s]": ["61.0 [60.0-90.0]", "30.5 [30.0-100.0]", "2.00x"],
+        "tg4 after 16 [tok/s]": ["9.00 [3.00-12.0]", "6.00 [1.00-6.00]", "1.50x"],
+        "TTFT (16-token prompt) [s]": ["0.25 [0.20-0.90]", "0.50 [0.20-1.00]", "0.50x"],
+        "load [s]": ["4.00 [4.00-4.00]", "1.00 [1.00-1.00]", "4.00x"],
+        "peak RSS [GiB]": ["0.75 [0.75-0.75]", "3.00 [3.00-3.00]", "0.25x"],
+    }
+
+
+def test_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    bench.plot(_fake_result(), str(tmp_path / "b.png"))
+    bench.plot(_bench_on_fake_runs(tmp_path, monkeypatch), str(tmp_path / "b.png"))
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -108,15 +108,18 @@ def test_truncated_gguf_is_an_exception_not_a_crash(converted, tmp_path):
 
 
 def test_v2_lite_shape_with_other_layer_count_loads(converted):
-    """Stock fails with "key not found in model: deepseek2.attention.q_lora_rank"."""
+    """Stock fails with "key not found in model: deepseek2.attention.q_lora_rank"; ours loads it
+    and computes transformers' logits (reference.npz), as test_parity does for every fixture."""
     import json
     from conftest import FIXTURES
+    from test_parity import TOL, engine_logits, rel_errors
     cfg = json.loads((FIXTURES / "v2_lite" / "config.json").read_text())
     assert cfg["q_lora_rank"] is None and cfg["num_hidden_layers"] not in (26, 27)
-    from deepseek_cpu import Llama
-    llm = Llama(str(converted("v2_lite", "f32")), n_ctx=64, verbose=False)
-    llm.eval([1, 2, 3])
-    llm.close()
+    ref = np.load(FIXTURES / "v2_lite" / "reference.npz")
+    got = engine_logits(converted("v2_lite", "f32"), ref["tokens"])
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"max relative error {err.max():.3g} at position {err.argmax()}"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 
 
 def test_op_profile_reports_where_graph_time_went(converted):

@@ -1,5 +1,4 @@
 """deepseek_cpu.Llama: same signature as llama_cpp.Llama, CPU defaults for DeepSeek."""
-import inspect
 import os
 
 import llama_cpp
@@ -9,25 +8,45 @@ from deepseek_cpu import llama as dl
 from deepseek_cpu import resources
 
 
-def test_subclass_with_the_same_signature():
-    assert issubclass(dl.Llama, llama_cpp.Llama)
-    # every llama_cpp.Llama keyword is accepted and forwarded unchanged
-    params = inspect.signature(llama_cpp.Llama.__init__).parameters
-    assert "n_ctx" in params and "n_threads" in params
+def _context(llm):
+    """What llama.cpp's context really runs with, read back from the C side."""
+    c = llm._ctx.ctx
+    return {"n_ctx": llama_cpp.llama_n_ctx(c), "n_batch": llama_cpp.llama_n_batch(c),
+            "n_ubatch": llama_cpp.llama_n_ubatch(c), "n_threads": llama_cpp.llama_n_threads(c),
+            "n_threads_batch": llama_cpp.llama_n_threads_batch(c),
+            "flash_attn": llm.context_params.flash_attn_type != llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
 
-def test_threads_default_to_physical_cores_allowed(converted):
+def test_defaults_reach_the_context(converted):
+    """Given only a path: both thread counts are the cores we may use (llama-cpp-python: half the
+    CPUs for one phase, all for the other), the context fits memory but not beyond the 256
+    positions this model was trained on (config.json; llama-cpp-python: 512), flash attention
+    off, batch sizes llama-cpp-python's (512, capped at n_ctx by llama.cpp)."""
+    assert issubclass(dl.Llama, llama_cpp.Llama)  # a drop-in: isinstance checks still hold
     llm = dl.Llama(str(converted("v2_greedy", "f32")), verbose=False)
-    assert llm.n_threads == resources.default_threads()
-    assert llm.n_threads <= len(os.sched_getaffinity(0))
+    got = _context(llm)
     llm.close()
+    threads = resources.default_threads()
+    assert threads <= len(os.sched_getaffinity(0))
+    assert got == {"n_ctx": 256, "n_batch": 256, "n_ubatch": 256, "n_threads": threads,
+                   "n_threads_batch": threads, "flash_attn": False}
 
 
 def test_explicit_arguments_win(converted):
-    # (llama.cpp rounds n_ctx up to a multiple of 256)
-    llm = dl.Llama(str(converted("v2_greedy", "f32")), n_ctx=768, n_threads=1, verbose=False)
-    assert llm.n_ctx() == 768 and llm.n_threads == 1
+    # every keyword is llama_cpp.Llama's, forwarded unchanged over our defaults
+    # (n_ctx beyond the model's own is the caller's choice; llama.cpp rounds it up to a multiple of 256)
+    path = str(converted("v2_greedy", "f32"))
+    llm = dl.Llama(path, n_ctx=768, n_batch=64, n_ubatch=32, n_threads=1, n_threads_batch=2, flash_attn=True,
+                   verbose=False)
+    got = _context(llm)
     llm.close()
+    assert got == {"n_ctx": 768, "n_batch": 64, "n_ubatch": 32, "n_threads": 1, "n_threads_batch": 2,
+                   "flash_attn": True}
+    # n_threads alone sets both phases (llama-cpp-python would run prefill on every CPU)
+    llm = dl.Llama(path, n_ctx=256, n_threads=1, verbose=False)
+    got = _context(llm)
+    llm.close()
+    assert (got["n_threads"], got["n_threads_batch"]) == (1, 1)
 
 
 def test_default_context_fits_memory_not_the_training_length(converted):

@@ -1,5 +1,10 @@
 """`deepseek-cpu synth`: random-weight GGUFs with the real models' shapes, types and metadata."""
+import contextlib
+import io
 import json
+import logging
+import os
+import re
 
 import gguf
 import numpy as np
@@ -71,20 +76,81 @@ def test_v2_and_v3_shapes():
     assert t["token_embd.weight"] == (129280, 7168)
 
 
-def test_q4_k_m_follows_llama_quantize():
-    _cfg, _conv, ts = synth.synth_plan("v2-lite", "q4_k_m")
-    t = {x.name: x.qtype for x in ts}
-    assert t["token_embd.weight"] == Q.Q4_K and t["output.weight"] == Q.Q6_K
-    assert t["blk.4.attn_q.weight"] == Q.Q4_K and t["blk.4.attn_output.weight"] == Q.Q4_K
-    assert t["blk.4.attn_k_b.weight"] == Q.Q5_0      # rows of 128: Q4_K falls back to Q5_0
-    # ffn_down: Q6_K in use_more_bits layers (0-2, 5, 8, ..., 24-26 of 27), else Q4_K;
-    # the experts' rows of 1408 are not whole 256-blocks: Q6_K -> Q8_0, Q4_K -> Q5_0
-    assert t["blk.1.ffn_down_exps.weight"] == Q.Q8_0 and t["blk.3.ffn_down_exps.weight"] == Q.Q5_0
-    assert t["blk.5.ffn_down_exps.weight"] == Q.Q8_0
-    assert t["blk.1.ffn_down_shexp.weight"] == Q.Q6_K and t["blk.3.ffn_down_shexp.weight"] == Q.Q4_K
-    assert t["blk.0.ffn_down.weight"] == Q.Q8_0      # 10944 columns
-    assert t["blk.3.ffn_gate_exps.weight"] == Q.Q4_K
-    assert t["blk.3.attn_norm.weight"] == Q.F32 and t["blk.3.ffn_gate_inp.weight"] == Q.F32
+def _skip_data(writer, name, nbytes, chunks):
+    """synth's _write_streamed without the random bytes: the tensor's extent is left a hole (a
+    sparse file), so a whole model's header, metadata and layout are written in a second."""
+    fout = writer.fout[0]
+    assert next(iter(writer.tensors[0])) == name
+    writer.tensors[0].pop(name)
+    writer.write_padding(fout, fout.tell())
+    fout.seek(nbytes - 1, os.SEEK_CUR)
+    fout.write(b"\0")  # the file reaches the tensor's end
+    writer.write_padding(fout, nbytes)
+    writer.state = gguf.gguf_writer.WriterState.WEIGHTS
+
+
+@pytest.fixture(scope="module")
+def full_size(tmp_path_factory):
+    """full_size(shape): the untruncated model as synth.synthesize writes it in bf16 (the
+    intermediate `pull` quantizes from), its 31 GB (V2-Lite) to 1.3 TB (V3) of weights holes."""
+    d = tmp_path_factory.mktemp("full")
+    made = {}
+
+    def get(shape):
+        if shape not in made:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(synth, "_write_streamed", _skip_data)
+                made[shape] = synth.synthesize(d / f"{shape}-bf16.gguf", shape, "bf16", tokenizer="bytes",
+                                               progress=False)
+        return made[shape]
+    yield get
+    for p in made.values():
+        p.unlink()
+
+
+# llama.cpp's log line for each tensor of a quantization (dry run or not), e.g.
+#   [  12/ 404]  blk.0.attn_q.weight - [ 2048,  3072, 1, 1], type = bf16, size = 12.000 MiB -> 3.375 MiB (q4_K)
+# without the "(type)" at the end when the tensor keeps its type
+_QUANT_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\w+), "
+                         r"size = [^(\n]*(?:\((\w+)\))?\s*$", re.M)
+
+
+def llama_quantize_types(src, quant: str) -> dict[str, gguf.GGMLQuantizationType]:
+    """The type llama.cpp's quantizer (llama_model_quantize, as `pull` and llama-quantize run it)
+    gives each tensor of `src` in mix `quant`. A dry run: the types are chosen from names, shapes
+    and hyperparameters as in a real run, but no data is read: weights left as holes serve."""
+    from deepseek_cpu import llama as _engine  # noqa: F401  (our libllama; its log callback writes sys.stderr)
+    import llama_cpp
+    p = llama_cpp.llama_model_quantize_default_params()
+    # the mix by llama.cpp's own name for it, not by synth's table of file types
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + ("ALL_F32" if quant == "f32" else "MOSTLY_" + quant.upper()))
+    p.dry_run, p.nthread = True, 1
+    log = logging.getLogger("llama-cpp-python")  # its level decides which llama.cpp lines are printed
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(src.with_suffix(".unused")).encode(), p)
+    finally:
+        log.setLevel(level)
+    assert rc == 0, buf.getvalue()[-3000:]
+    assert int(synth.MIXES[quant].file_type) == p.ftype  # and synth's general.file_type names that mix
+    return {m[1]: Q[(m[3] or m[2]).upper()] for m in _QUANT_LINE.finditer(buf.getvalue())}
+
+
+@pytest.mark.parametrize("quant", list(synth.MIXES))
+@pytest.mark.parametrize("shape", synth.SHAPES)
+def test_tensor_types_are_llama_quantizes(full_size, shape, quant):
+    """Every tensor of the whole model gets the type llama.cpp's quantizer picks for the real
+    shapes: the k-quant mixes' per-layer choices (use_more_bits over 27, 60 or 61 layers), Q6_K
+    output, and the fallbacks for rows that are not whole blocks (V2-Lite's 1408-wide experts,
+    128-wide attn_k_b). synth writes the plan's types (test_small_file_loads_and_gives_finite_logits)."""
+    got = llama_quantize_types(full_size(shape), quant)
+    _cfg, _conv, ts = synth.synth_plan(shape, quant)
+    assert len(got) == len(ts)  # a line for every tensor was read
+    wrong = {t.name: (t.qtype.name, got[t.name].name) for t in ts if got.get(t.name) != t.qtype}
+    assert not wrong, f"{len(wrong)} tensors differ, (synth, llama.cpp): {wrong}"
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
@@ -166,16 +232,20 @@ def test_prefaulting_tensor_destinations_changes_neither_logits_nor_peak_rss(sma
     assert res["1"]["hwm"] <= res["0"]["hwm"] + 0.02 * size, (res["1"]["hwm"], res["0"]["hwm"], size)
 
 
-def test_full_file_metadata_is_the_converters(tmp_path):
-    """An untruncated plan writes exactly the converter's metadata (no q_lora_rank key for
-    V2-Lite, whose 27 layers stock recognises)."""
-    cfg = synth.real_config("v2-lite")
-    conv = synth.converter_for(cfg)
-    w = gguf.GGUFWriter(None, conv.arch)
-    conv.write_metadata(w)
-    keys = set(w.kv_data[0])
-    assert "deepseek2.attention.q_lora_rank" not in keys
-    assert "deepseek2.rope.scaling.type" in keys and "deepseek2.expert_weights_scale" in keys
+def test_full_file_metadata_is_the_converters(full_size, converted):
+    """An untruncated file has the metadata keys `deepseek-cpu convert` writes for a checkpoint of
+    V2-Lite's layout (the v2_lite fixture: V2-Lite's config.json but for the sizes), with the same
+    values where the configs agree; in particular no q_lora_rank key (a truncated file adds one so
+    that stock, which knows V2-Lite's layout only by its 26/27 layers, loads it)."""
+    r = gguf.GGUFReader(str(full_size("v2-lite")))
+    ref = gguf.GGUFReader(str(converted("v2_lite", "f32")))
+    keys = {k for k in r.fields if k.startswith("deepseek2.")}
+    assert keys == {k for k in ref.fields if k.startswith("deepseek2.")}
+    assert "deepseek2.attention.q_lora_rank" not in keys and _field(r, "deepseek2.block_count") == 27
+    for k in ("context_length", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor",
+              "rope.scaling.original_context_length", "rope.scaling.yarn_log_multiplier", "expert_weights_scale",
+              "expert_shared_count", "leading_dense_block_count", "attention.layer_norm_rms_epsilon"):
+        assert _field(r, "deepseek2." + k) == _field(ref, "deepseek2." + k), k
 
 
 def test_atomic_write_leaves_nothing_on_error(tmp_path, monkeypatch):

@@ -79,7 +79,9 @@ def default_n_ctx(shape: ModelShape | None, available: int | None = None) -> int
     budget = max(0, available - shape.file_size) // 4
     fits = budget // max(shape.kv_bytes_per_token, 1)
     n = min(shape.n_ctx_train, MAX_DEFAULT_CTX, max(fits, MIN_DEFAULT_CTX))
-    return max(MIN_DEFAULT_CTX, n // 256 * 256) if n >= 256 else n
+    # a multiple of 256 (MIN_DEFAULT_CTX is one), never past the model's own context: a
+    # floor above a short training length only buys positions the model never saw
+    return n // 256 * 256 if n >= 256 else n
 
 
 def cpu_defaults(model_path: str, given: dict) -> dict:

@@ -25,8 +25,10 @@ def test_plain_import_llama_cpp_loads_the_patched_library():
     assert r.returncode == 0, r.stderr
     marker, sysinfo, path = r.stdout.strip().splitlines()
     assert marker.startswith("deepseek-cpu ")
-    for p in SERIES:
-        assert p.removesuffix(".patch") in marker
+    # the exact patch set, named by the sha256 of the patches' bytes in series order
+    import hashlib
+    digest = hashlib.sha256(b"".join((REPO / "patches" / p).read_bytes() for p in SERIES)).hexdigest()
+    assert f"{len(SERIES)} patches, series {digest[:12]}" in marker, marker
     assert "DEEPSEEK_CPU = deepseek-cpu" in sysinfo
     import deepseek_cpu
     assert Path(path).resolve().parent == (Path(deepseek_cpu.__file__).parent / "lib").resolve()

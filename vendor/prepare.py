@@ -31,7 +31,9 @@ ROOT = HERE.parent
 
 
 class PrepareError(RuntimeError):
-    pass
+    """Preparing the llama.cpp tree failed. Deliberately outside deepseek_cpu.errors'
+    hierarchy: CMake runs this file before the package exists (no deepseek_cpu to import);
+    stock.py, the package's one caller, re-raises it as StockBuildError."""
 
 
 def sha256_of(path: Path) -> str:
@@ -101,6 +103,16 @@ def read_series(patches: Path) -> list[Path]:
     return [patches / n for n in names]
 
 
+def series_sha256(series: list[Path]) -> str:
+    """One name for the exact patch set: sha256 of the patches' bytes in series order (the
+    build marker carries its first 12 hex digits instead of every patch's name)."""
+    h = hashlib.sha256()
+    for p in series:
+        if p.exists():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
 def apply_patches(tree: Path, series: list[Path]) -> None:
     for p in series:
         if not p.exists():
@@ -144,7 +156,8 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
     sdist = locate_sdist(pin)
     stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()}}
     stamp = dest / ".deepseek-cpu-stamp.json"
-    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series]}
+    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series],
+            "series_sha256": series_sha256(series)}
     if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
         return info
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=dest.parent))

@@ -12,12 +12,14 @@ from typing import Callable
 import gguf
 import numpy as np
 
+from deepseek_cpu.errors import DeepseekCpuError
+
 Q = gguf.GGMLQuantizationType
 
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 
 
-class ConversionError(ValueError):
+class ConversionError(DeepseekCpuError, ValueError):
     """The checkpoint cannot be converted; the message says why."""
 
 

@@ -16,8 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from deepseek_cpu.errors import DeepseekCpuError
+except ImportError:  # loaded as a top-level module, without the package (it has no relative imports)
+    class DeepseekCpuError(Exception):  # type: ignore[no-redef]
+        """Stand-in root: without the package nothing can catch the real one anyway."""
 
-class CheckpointError(ValueError):
+
+class CheckpointError(DeepseekCpuError, ValueError):
     """The checkpoint is incomplete, corrupt or not what config.json describes."""
 
 

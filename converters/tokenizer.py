@@ -6,6 +6,8 @@ plain ``json`` and writes the byte-level BPE vocabulary the way llama.cpp's
 
 This file must stay free of relative imports: it is imported both as
 ``deepseek_cpu.converters.tokenizer`` and as a top-level ``tokenizer`` module.
+Its errors derive from ``deepseek_cpu.errors.DeepseekCpuError`` when the package
+is importable (always, once installed), else from a local stand-in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gguf
+
+try:
+    from deepseek_cpu.errors import DeepseekCpuError
+except ImportError:  # loaded as a top-level module, without the package (see above)
+    class DeepseekCpuError(Exception):  # type: ignore[no-redef]
+        """Stand-in root: without the package nothing can catch the real one anyway."""
 
 __all__ = [
     "KNOWN_PRE_TOKENIZERS",
@@ -29,11 +37,11 @@ __all__ = [
 ]
 
 
-class UnsupportedTokenizer(ValueError):
+class UnsupportedTokenizer(DeepseekCpuError, ValueError):
     """tokenizer.json describes something llama.cpp has no matching pre-tokenizer for."""
 
 
-class MissingTokenizer(FileNotFoundError):
+class MissingTokenizer(DeepseekCpuError, FileNotFoundError):
     """The model directory has no tokenizer.json."""
 
 

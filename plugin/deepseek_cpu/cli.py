@@ -9,10 +9,12 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .errors import DeepseekCpuError
 
 
 class _Group(click.Group):
-    """Lets plugins add commands through the deepseek_cpu_register_commands hook."""
+    """Lets plugins add commands through the deepseek_cpu_register_commands hook, and
+    reports their errors."""
 
     _plugins_loaded = False
 
@@ -29,6 +31,15 @@ class _Group(click.Group):
     def get_command(self, ctx, name):
         self._load()
         return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        # The one place library errors become messages: every command, built-in or from a
+        # plugin, runs inside this call, so a DeepseekCpuError raised anywhere below it is
+        # printed by click as a single `Error: ...` line on stderr, exit status 1, no traceback.
+        try:
+            return super().invoke(ctx)
+        except DeepseekCpuError as e:
+            raise click.ClickException(str(e)) from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -87,15 +98,12 @@ def plugins_cmd(as_json):
 def convert(checkpoint, out, outtype, name, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
     from .convert import convert as do_convert
-    from .converters.base import ConversionError
-    from .converters.checkpoint import CheckpointError
-    from .converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
     t0 = time.time()
     try:
         path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet, name=name)
-    except (ConversionError, CheckpointError, MissingTokenizer, UnsupportedTokenizer) as e:
-        raise click.ClickException(str(e)) from None
-    except OSError as e:  # e.g. a shard that cannot be read
+    except OSError as e:  # e.g. a shard that cannot be read: the user's file, not a bug of ours
+        if isinstance(e, DeepseekCpuError):  # MissingShard, MissingTokenizer: left to _Group.invoke
+            raise
         raise click.ClickException(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}") from None
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)

@@ -24,12 +24,14 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .errors import DeepseekCpuError
+
 log = logging.getLogger("deepseek_cpu.download")
 
 PARTIAL_SUFFIX = ".dscpu-partial"
 
 
-class ChecksumError(OSError):
+class ChecksumError(DeepseekCpuError, OSError):
     """The downloaded bytes do not hash to the file's sha256 (the partial file is removed)."""
 
 

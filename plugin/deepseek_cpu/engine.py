@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _dropin
+from .errors import DeepseekCpuError
 
 PACKAGE_LIB_DIR = Path(_dropin.LIB_DIR)
 
 
-class EngineNotPatched(RuntimeError):
+class EngineNotPatched(DeepseekCpuError, RuntimeError):
     """The libllama that llama_cpp loaded is not deepseek-cpu's build."""
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .errors import DeepseekCpuError
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ INDEX = "model.safetensors.index.json"
 RETRY_DELAYS = (2.0, 5.0, 15.0, 30.0)
 
 
-class PullError(Exception):
+class PullError(DeepseekCpuError):
     """A pull cannot go on; the message says why and what to do (one line)."""
 
     network = False  # True when the hub could not be reached (or kept failing)
@@ -473,10 +474,6 @@ def _check_disk(ctx: _Ctx, sha: str, files: list[str], sizes: dict[str, int], we
 
 def _convert(snapshot: Path, out: Path, quant: str, progress: bool, verbose: bool, say, name: str) -> None:
     from .convert import convert
-    from .converters.base import ConversionError
-    from .converters.checkpoint import CheckpointError
-    from .converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
-    errors = (ConversionError, CheckpointError, MissingTokenizer, UnsupportedTokenizer)
     try:
         if quant in DIRECT:
             say(f"converting to {quant}")
@@ -490,7 +487,9 @@ def _convert(snapshot: Path, out: Path, quant: str, progress: bool, verbose: boo
                 quantize(tmp, out, quant, verbose=verbose, progress=progress)
             finally:
                 tmp.unlink(missing_ok=True)
-    except errors as e:
+    except PullError:  # quantize()'s own, already worded for the user
+        raise
+    except DeepseekCpuError as e:  # any converter error (the root spares a list to keep in step)
         raise PullError(f"conversion failed: {e}") from None
     _public_mode(out)
 

@@ -31,16 +31,14 @@ def pull_cmd(repo, quant, revision, token, output_dir, cache_dir, delete_snapsho
 
     Prints the GGUF's path, then a line of Python that runs it. A second pull of the same
     repo, revision and --quant returns the cached GGUF at once."""
-    from .hub import PullError, pull
+    from .hub import pull
     t0 = time.time()
     echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
     try:
         res = pull(repo, quant=quant.lower(), revision=revision, token=token, cache_dir=cache_dir,
                    output_dir=output_dir, delete_snapshot=delete_snapshot, progress=not quiet,
                    verbose=verbose, echo=echo)
-    except PullError as e:
-        raise click.ClickException(str(e)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a PullError is reported by the command group (cli.py)
         click.echo("interrupted; run the same command again: files already downloaded are kept", err=True)
         sys.exit(130)
     if not res.cached:

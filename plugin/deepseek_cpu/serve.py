@@ -34,6 +34,7 @@ from pathlib import Path
 
 import click
 
+from .errors import DeepseekCpuError
 from .hookspecs import hookimpl
 
 DEFAULT_PARALLEL = 4
@@ -42,8 +43,9 @@ MIN_CTX_PER_SLOT = 256
 ENV_SERVER = "DEEPSEEK_CPU_LLAMA_SERVER"  # path of another llama-server binary (tests, dev builds)
 
 
-class ServerNotFound(click.ClickException):
-    pass
+class ServerNotFound(DeepseekCpuError):
+    """No llama-server binary to run. (A library error, not a click one: the CLI reports
+    every DeepseekCpuError as one `Error: ...` line; see cli.py.)"""
 
 
 def server_binary() -> Path:

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 from .engine import cpu_flags
+from .errors import DeepseekCpuError
 
 HERE = Path(__file__).resolve().parent
 
 
-class StockBuildError(RuntimeError):
-    pass
+class StockBuildError(DeepseekCpuError, RuntimeError):
+    """The stock llama.cpp could not be prepared or built; the message says where it failed."""
 
 
 def _prepare_module():

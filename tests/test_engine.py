@@ -25,9 +25,14 @@ def test_plain_import_llama_cpp_loads_the_patched_library():
     assert r.returncode == 0, r.stderr
     marker, sysinfo, path = r.stdout.strip().splitlines()
     assert marker.startswith("deepseek-cpu ")
-    # the exact patch set, named by the sha256 of the patches' bytes in series order
+    # the exact change set: the sha256 of the patches' bytes in series order, then of each
+    # own file's path under patches/files and its bytes
     import hashlib
-    digest = hashlib.sha256(b"".join((REPO / "patches" / p).read_bytes() for p in SERIES)).hexdigest()
+    h = hashlib.sha256(b"".join((REPO / "patches" / p).read_bytes() for p in SERIES))
+    files = REPO / "patches" / "files"
+    for f in sorted(p for p in files.rglob("*") if p.is_file()):
+        h.update(f.relative_to(files).as_posix().encode() + b"\0" + f.read_bytes())
+    digest = h.hexdigest()
     assert f"{len(SERIES)} patches, series {digest[:12]}" in marker, marker
     assert "DEEPSEEK_CPU = deepseek-cpu" in sysinfo
     import deepseek_cpu

@@ -35,6 +35,10 @@ def _patched_kernel_sources() -> list[str]:
             path = m.group(1)
             if path.startswith("ggml/src/ggml-cpu/") and path.endswith((".c", ".cpp")):
                 files.add(path)
+    own = REPO / "patches" / "files"
+    for f in (own / "ggml" / "src" / "ggml-cpu").rglob("*"):
+        if f.suffix in (".c", ".cpp"):
+            files.add(f.relative_to(own).as_posix())
     return sorted(files)
 
 

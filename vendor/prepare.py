@@ -97,19 +97,43 @@ def locate_sdist(pin: dict) -> Path:
     return download(pin, cache_dir())
 
 
+def own_files(patches: Path) -> list[Path]:
+    """Our own source files (kernels, headers, test programs), kept as plain files under
+    patches/files/ at the path they take in the llama.cpp tree; the series only hooks them in."""
+    root = patches / "files"
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def add_own_files(tree: Path, patches: Path) -> None:
+    root = patches / "files"
+    for src in own_files(patches):
+        rel = src.relative_to(root)
+        dst = tree / rel
+        if dst.exists():
+            # a newer llama.cpp now has a file of that name: rename ours rather than overwrite
+            raise PrepareError(f"patches/files/{rel} would replace a file of the pinned source")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        print(f"deepseek-cpu: added {rel}", flush=True)
+
+
 def read_series(patches: Path) -> list[Path]:
     series = patches / "series"
     names = [l.strip() for l in series.read_text().splitlines() if l.strip() and not l.startswith("#")]
     return [patches / n for n in names]
 
 
-def series_sha256(series: list[Path]) -> str:
-    """One name for the exact patch set: sha256 of the patches' bytes in series order (the
-    build marker carries its first 12 hex digits instead of every patch's name)."""
+def series_sha256(series: list[Path], patches: Path | None = None) -> str:
+    """One name for the exact change set: sha256 of the patches' bytes in series order, then
+    of each own file's path under patches/files and its bytes (the build marker carries the
+    first 12 hex digits instead of every patch's name)."""
     h = hashlib.sha256()
     for p in series:
         if p.exists():
             h.update(p.read_bytes())
+    for f in own_files(patches) if patches is not None else []:
+        h.update(f.relative_to(patches / "files").as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
@@ -153,11 +177,13 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
     patches=None gives the stock tree (no patches), e.g. for `bench --compare-stock`."""
     pin = pin or load_pin()
     series = read_series(patches) if patches is not None else []
+    files = own_files(patches) if patches is not None else []
     sdist = locate_sdist(pin)
-    stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()}}
+    stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()},
+                  "files": {str(f.relative_to(patches)): sha256_of(f) for f in files}}
     stamp = dest / ".deepseek-cpu-stamp.json"
     info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series],
-            "series_sha256": series_sha256(series)}
+            "series_sha256": series_sha256(series, patches)}
     if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
         return info
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=dest.parent))
@@ -175,6 +201,8 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
         # the submodule pointer would make llama.cpp's build look for a parent git repo
         (tree / ".git").unlink(missing_ok=True)
         apply_patches(tree, series)
+        if patches is not None:
+            add_own_files(tree, patches)
         (tree / ".deepseek-cpu-stamp.json").write_text(json.dumps(stamp_data))
         if dest.exists():
             sync_tree(tree, dest)

@@ -13,10 +13,12 @@ import gguf
 import numpy as np
 
 from deepseek_cpu.errors import DeepseekCpuError
+from deepseek_cpu.quant_types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 
-OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+# The types a converter writes itself, name -> tensor type (deepseek_cpu/quant_types.py).
+OUTTYPES = {n: t.ggml_type for n, t in QUANT_TYPES.items() if t.direct}
 
 
 class ConversionError(DeepseekCpuError, ValueError):

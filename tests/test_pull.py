@@ -54,7 +54,7 @@ def hub(tmp_path, monkeypatch):
     srv = HubServer({REPO: repo_dir}, lifetime=300).start()
     monkeypatch.setenv("HF_ENDPOINT", srv.url)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setenv("DEEPSEEK_CPU_CACHE", str(tmp_path / "gguf"))
+    monkeypatch.setenv("DEEPSEEK_CPU_CACHE", str(tmp_path / "cache"))  # the root: GGUFs go to its gguf/
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HOME"):
         monkeypatch.delenv(var, raising=False)
     from huggingface_hub import constants
@@ -109,7 +109,12 @@ def test_pull_f32_matches_reference_and_fetches_only_what_converts(hub):
 
 def test_second_pull_is_served_from_cache(hub, monkeypatch, tmp_path):
     first = gguf_path(pull("--quant", "q8_0"))
-    caches = (tmp_path / "hf", tmp_path / "gguf")
+    # under <DEEPSEEK_CPU_CACHE>/gguf: <org>--<name>/<sha>/<converter key>/<name>-<quant>.gguf
+    rel = first.relative_to(tmp_path / "cache" / "gguf")
+    assert rel.parts[0] == REPO.replace("/", "--") and re.fullmatch(r"[0-9a-f]{40}", rel.parts[1])
+    assert rel.parts[2:] == (hubmod.converter_key(), "tiny-v2-group-q8_0.gguf")
+    assert (tmp_path / "cache" / "gguf" / REPO.replace("/", "--") / "refs" / "main").read_text() == rel.parts[1]
+    caches = (tmp_path / "hf", tmp_path / "cache")
     before = files_state(*caches)
     hub.requests.clear()
     assert gguf_path(pull("--quant", "q8_0")) == first
@@ -216,6 +221,33 @@ def test_cache_locations_follow_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("DEEPSEEK_CPU_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert hubmod.gguf_cache_dir() == tmp_path / "xdg" / "deepseek-cpu" / "gguf"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hubmod.gguf_cache_dir() == tmp_path / "home" / ".cache" / "deepseek-cpu" / "gguf"
+
+
+@pytest.mark.parametrize("env", [{"DEEPSEEK_CPU_CACHE": "root"}, {"XDG_CACHE_HOME": "xdg"}, {"HOME": "home"}])
+def test_deepseek_cpu_cache_is_one_root_for_every_cache(monkeypatch, tmp_path, env):
+    """DEEPSEEK_CPU_CACHE (else $XDG_CACHE_HOME/deepseek-cpu, else ~/.cache/deepseek-cpu) is the
+    root of every cache: pull's gguf/, stock-<commit>/, synth's tokenizers/, the build's sdist/."""
+    import importlib.util
+
+    from deepseek_cpu import cache, stock, synth
+    for var in ("DEEPSEEK_CPU_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, str(tmp_path / value))
+    root = {"DEEPSEEK_CPU_CACHE": tmp_path / "root", "XDG_CACHE_HOME": tmp_path / "xdg" / "deepseek-cpu",
+            "HOME": tmp_path / "home" / ".cache" / "deepseek-cpu"}[next(iter(env))]
+    assert cache.cache_root() == root
+    assert hubmod.gguf_cache_dir() == root / "gguf"
+    assert stock.cache_root is cache.cache_root and synth.cache_root is cache.cache_root
+    assert stock.stock_dir("c" * 40).parent == root
+    # vendor/prepare.py runs before the package exists and keeps its own copy of the rule
+    spec = importlib.util.spec_from_file_location("_prepare_for_test", SRC / "vendor" / "prepare.py")
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    assert prepare.cache_dir() == root / "sdist"
 
 
 def test_repo_not_found(hub):

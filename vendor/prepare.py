@@ -6,7 +6,7 @@ Called by CMakeLists.txt at configure time (and usable by hand):
 
 Source of the tarball, first match wins:
   1. DEEPSEEK_CPU_SDIST=/path/to/llama_cpp_python-0.3.36.tar.gz (offline builds)
-  2. the cache, $DEEPSEEK_CPU_CACHE or ~/.cache/deepseek-cpu/sdist
+  2. the cache, sdist/ under $DEEPSEEK_CPU_CACHE (default ~/.cache/deepseek-cpu)
   3. `python -m pip download` from the package index, then stored in the cache
 
 The tarball's sha256 must match vendor/pin.toml. The patched tree is rebuilt only
@@ -45,8 +45,14 @@ def sha256_of(path: Path) -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("DEEPSEEK_CPU_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepseek-cpu"
+    # The cache root is deepseek_cpu.cache.cache_root(); this file runs at build time, before
+    # the package exists (nothing to import), so it keeps its own copy of the rule: keep the
+    # two in step (tests/test_pull.py checks they agree).
+    if os.environ.get("DEEPSEEK_CPU_CACHE"):
+        base = Path(os.path.expanduser(os.environ["DEEPSEEK_CPU_CACHE"]))
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = Path(xdg) / "deepseek-cpu"
     return base / "sdist"
 
 

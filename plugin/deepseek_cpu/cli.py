@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, quant_types
 from .errors import DeepseekCpuError
 
 
@@ -51,12 +51,13 @@ def cli():
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(as_json):
-    """Package version, llama.cpp commit, patches, CPU features and the library loaded."""
+    """Package version, llama.cpp commit, patch series, CPU features and the library loaded."""
     from .engine import engine_info
     from .resources import default_threads
     e = engine_info()
     d = {
-        "version": e.version, "llama_cpp_commit": e.llama_cpp_commit, "patches": e.patches,
+        "version": e.version, "llama_cpp_commit": e.llama_cpp_commit, "series_sha256": e.series_sha256,
+        "patches": e.patches,
         "library": e.library, "patched": e.patched, "build_info": e.build_info,
         "cpu_features": e.cpu_features, "cpu_backend": e.cpu_backend, "default_threads": default_threads(),
     }
@@ -67,6 +68,7 @@ def info(as_json):
     click.echo(f"llama.cpp        {d['llama_cpp_commit']}")
     click.echo(f"library          {d['library']}")
     click.echo(f"patched engine   {'yes: ' + d['build_info'] if d['patched'] else 'NO (stock or foreign libllama)'}")
+    click.echo(f"series sha256    {d['series_sha256']}")
     click.echo("patches          " + ("\n                 ".join(d["patches"]) or "none"))
     click.echo(f"cpu features     {' '.join(d['cpu_features'])}")
     click.echo(f"cpu backend      {d['cpu_backend']}")
@@ -90,7 +92,7 @@ def plugins_cmd(as_json):
 @cli.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default="bf16", show_default=True,
+@click.option("--outtype", type=click.Choice(quant_types.DIRECT), default="bf16", show_default=True,
               help="Type of the weight matrices (norms and the router stay f32).")
 @click.option("--name", default=None, help="general.name in the GGUF (default: config's _name_or_path, "
               "else the directory name).")

@@ -22,6 +22,7 @@ from . import plugins
 from .converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode_pieces
 from .converters.checkpoint import Checkpoint, CheckpointError
 from .converters import tokenizer as tk
+from .quant_types import QUANT_TYPES
 
 __all__ = ["convert", "ConversionError", "UnsupportedArchitecture", "CheckpointError", "read_config", "find_converter"]
 
@@ -188,8 +189,7 @@ def _stored_shape(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, dtyp
 
 
 def _file_type(outtype: str) -> gguf.LlamaFileType:
-    return {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-            "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    return QUANT_TYPES[outtype].file_type
 
 
 def _bar(total: int, desc: str, enabled: bool):

@@ -98,6 +98,7 @@ class EngineInfo:
     version: str
     llama_cpp_commit: str
     patches: list[str]
+    series_sha256: str  # names the exact changes to llama.cpp (deepseek-cpu-source.json); "unknown" if unread
     library: str
     patched: bool
     build_info: str | None
@@ -124,6 +125,7 @@ def engine_info() -> EngineInfo:
         version=__version__,
         llama_cpp_commit=src.get("commit", "unknown"),
         patches=src.get("patches", []),
+        series_sha256=src.get("series_sha256", "unknown"),
         library=loaded_library_path(lib),
         patched=marker is not None,
         build_info=marker,

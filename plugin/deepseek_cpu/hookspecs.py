@@ -48,7 +48,11 @@ def deepseek_cpu_tensor_transforms(converter: Any) -> list[Callable[[str, "np.nd
 
 @hookspec
 def deepseek_cpu_quant_schemes() -> dict[str, Any]:
-    """Quantization schemes this plugin provides, by name."""
+    """Quantization schemes this plugin provides, by name.
+
+    The built-in types (f32 ... q8_0 written by the converter, llama.cpp's q4_0 ... iq4_xs)
+    are not registered through this hook: they live in one table, deepseek_cpu/quant_types.py,
+    which the CLI choices, the converter, `pull` and `synth` read."""
 
 
 @hookspec

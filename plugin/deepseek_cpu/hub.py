@@ -19,10 +19,12 @@ Steps, each stopping with a one-line `PullError` saying what went wrong and what
    Network errors are retried with backoff. `snapshot_download` then links the files
    into the standard snapshot layout (and is all that runs offline).
 4. Convert (f32 / f16 / bf16 / q8_0 directly; other types through a bf16 intermediate
-   quantized by llama.cpp's `llama_model_quantize`), written to a temporary name and
-   renamed, so an interrupted pull never leaves a truncated GGUF.
+   quantized by llama.cpp's `llama_model_quantize`; quant_types.py says which is which),
+   written to a temporary name and renamed, so an interrupted pull never leaves a
+   truncated GGUF.
 
-Layout of the GGUF cache ($DEEPSEEK_CPU_CACHE, default ~/.cache/deepseek-cpu/gguf):
+Layout of the GGUF cache, gguf/ under the cache root (cache.py: $DEEPSEEK_CPU_CACHE, default
+~/.cache/deepseek-cpu, so ~/.cache/deepseek-cpu/gguf):
     <org>--<name>/<sha>/<converter key>/<name>-<quant>.gguf (+ .json record)
     <org>--<name>/refs/<revision>           last sha seen for a branch/tag (offline use)
 With `output_dir` the GGUF is written as <output_dir>/<name>-<quant>.gguf with its
@@ -41,7 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from . import __version__, quant_types
+from .cache import cache_root
 from .errors import DeepseekCpuError
 
 log = logging.getLogger(__name__)
@@ -50,25 +53,11 @@ log = logging.getLogger(__name__)
 # cached conversions made by an older converter are not reused.
 CONVERTER_FORMAT = 1
 
-# Types written by our converter directly (no llama.cpp pass).
-DIRECT = ("f32", "f16", "bf16", "q8_0")
-# Types quantized by llama.cpp from a bf16 intermediate: name -> llama_cpp constant.
-LLAMA_QUANTS = {
-    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
-    "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0", "q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
-    "q2_k": "LLAMA_FTYPE_MOSTLY_Q2_K", "q3_k_s": "LLAMA_FTYPE_MOSTLY_Q3_K_S",
-    "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M", "q3_k_l": "LLAMA_FTYPE_MOSTLY_Q3_K_L",
-    "q4_k_s": "LLAMA_FTYPE_MOSTLY_Q4_K_S", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
-    "q5_k_s": "LLAMA_FTYPE_MOSTLY_Q5_K_S", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
-    "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K", "iq4_nl": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
-    "iq4_xs": "LLAMA_FTYPE_MOSTLY_IQ4_XS",
-}
-QUANTS = (*DIRECT, *LLAMA_QUANTS)
+# The types and their facts live in quant_types.py: written by our converter directly (no
+# llama.cpp pass), or quantized by llama.cpp from a bf16 intermediate.
+DIRECT = quant_types.DIRECT
+QUANTS = quant_types.NAMES
 INTERMEDIATE = "bf16"
-# Approximate bits per weight of each output, for the disk estimate.
-BPW = {"f32": 32, "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.6, "q5_k_m": 5.7, "q5_k_s": 5.6,
-       "q5_1": 6.0, "q5_0": 5.5, "q4_k_m": 4.9, "q4_k_s": 4.6, "q4_1": 5.0, "q4_0": 4.5,
-       "q3_k_l": 4.3, "q3_k_m": 3.9, "q3_k_s": 3.5, "q2_k": 3.4, "iq4_nl": 4.5, "iq4_xs": 4.3}
 
 # What the converter reads, besides the safetensors weights.
 META_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -121,10 +110,7 @@ def hf_offline() -> bool:
 
 
 def gguf_cache_dir() -> Path:
-    if os.environ.get("DEEPSEEK_CPU_CACHE"):
-        return Path(os.path.expanduser(os.environ["DEEPSEEK_CPU_CACHE"]))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "deepseek-cpu" / "gguf"
+    return cache_root() / "gguf"
 
 
 def converter_key() -> str:
@@ -148,10 +134,10 @@ def _device(path: Path) -> int:
 
 # -- the pull ------------------------------------------------------------------------
 
-def pull(repo: str, quant: str = "q4_k_m", revision: str | None = None, *, token: str | None = None,
-         cache_dir: str | os.PathLike | None = None, output_dir: str | os.PathLike | None = None,
-         delete_snapshot: bool = False, progress: bool = True, verbose: bool = False,
-         echo=None) -> PullResult:
+def pull(repo: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None = None, *,
+         token: str | None = None, cache_dir: str | os.PathLike | None = None,
+         output_dir: str | os.PathLike | None = None, delete_snapshot: bool = False,
+         progress: bool = True, verbose: bool = False, echo=None) -> PullResult:
     """Download `repo` at `revision`, convert and quantize it to `quant`; returns where the GGUF is.
 
     `echo(str)` receives one-line status messages (default: the logger)."""
@@ -443,7 +429,7 @@ def estimate_disk(weights_size: int, download: int, config: dict, quant: str) ->
     """Bytes needed for the download, the conversion intermediate and the output."""
     n_params = weights_size / _bytes_per_param(config)
     intermediate = 0 if quant in DIRECT else int(n_params * 2)
-    output = int(n_params * BPW[quant] / 8)
+    output = int(n_params * quant_types.QUANT_TYPES[quant].bpw / 8)
     return {"download": int(download), "intermediate": intermediate, "output": output}
 
 
@@ -517,9 +503,8 @@ def quantize(src: Path, out: Path, quant: str, verbose: bool = False, progress: 
     src, out = Path(src), Path(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     params = llama_cpp.llama_model_quantize_default_params()
-    direct = {"f32": "LLAMA_FTYPE_ALL_F32", "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
-              "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
-    ftype = getattr(llama_cpp, {**direct, **LLAMA_QUANTS}.get(quant, ""), None)
+    qt = quant_types.QUANT_TYPES.get(quant)
+    ftype = getattr(llama_cpp, qt.llama_ftype, None) if qt is not None else None
     if ftype is None:
         raise PullError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANTS)}")
     params.ftype = ftype

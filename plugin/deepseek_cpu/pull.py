@@ -6,20 +6,22 @@ import time
 
 import click
 
+from . import quant_types
 from .hookspecs import hookimpl
-from .hub import QUANTS
 
 
 @click.command("pull")
 @click.argument("repo")
-@click.option("--quant", type=click.Choice(QUANTS, case_sensitive=False), default="q4_k_m", show_default=True,
-              help="Output type: f32/f16/bf16/q8_0 are written by our converter; the others are llama.cpp "
-                   "quantizations of a bf16 intermediate.")
+@click.option("--quant", type=click.Choice(quant_types.NAMES, case_sensitive=False),
+              default=quant_types.DEFAULT_PULL, show_default=True,
+              help=f"Output type: {'/'.join(quant_types.DIRECT)} are written by our converter; the others are "
+                   "llama.cpp quantizations of a bf16 intermediate.")
 @click.option("--revision", default=None, help="Branch, tag or commit sha (default: main).")
 @click.option("--token", default=None, help="Hub token for gated or private repos (default: HF_TOKEN or the "
                                             "saved login).")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=str), default=None,
-              help="Write the GGUF here instead of the cache (~/.cache/deepseek-cpu/gguf or $DEEPSEEK_CPU_CACHE).")
+              help="Write the GGUF here instead of the cache ($DEEPSEEK_CPU_CACHE/gguf, default "
+                   "~/.cache/deepseek-cpu/gguf).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Hugging Face cache for the download (default: HF_HUB_CACHE / HF_HOME/hub).")
 @click.option("--delete-snapshot", is_flag=True,

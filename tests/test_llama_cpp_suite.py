@@ -12,10 +12,9 @@ import deepseek_cpu
 from conftest import llama_cpp_source_dir
 from test_tokenizer import V2, model_dir_for, tk, write_vocab_gguf
 
-TESTS_DIR = Path(deepseek_cpu.__file__).parent / "llama-tests"
-if not TESTS_DIR.is_dir():  # source checkout on PYTHONPATH: the installed package's
-    from deepseek_cpu.engine import lib_dir
-    TESTS_DIR = lib_dir().parent / "llama-tests"
+from deepseek_cpu.engine import tests_dir
+
+TESTS_DIR = tests_dir()  # shipped with the engine, found by the engine's own lookup rule
 
 
 def program(name: str) -> str:

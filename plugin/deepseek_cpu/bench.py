@@ -194,15 +194,18 @@ def _child_main(spec_path: str) -> int:
 
 def ours_lib_dir(explicit: str | None = None) -> Path:
     """Where our engine lives: --ours-lib, $LLAMA_CPP_LIB_PATH, this package's lib/, or
-    an installed deepseek_cpu/lib on sys.path (a source checkout using the installed engine)."""
+    an installed deepseek_cpu/lib on sys.path (a source checkout using the installed engine);
+    the first that holds a libllama.so, by _dropin.find_lib_dir's rule."""
     from . import _dropin
-    cands = [explicit, os.environ.get(_dropin.ENV_LIB), _dropin.LIB_DIR]
-    cands += [os.path.join(p, "deepseek_cpu", "lib") for p in sys.path if p]
-    for c in cands:
-        if c and os.path.isfile(os.path.join(c, "libllama.so")):
-            return Path(c)
-    raise FileNotFoundError("deepseek-cpu's engine (deepseek_cpu/lib/libllama.so) was not found; "
-                            "install deepseek-cpu or pass --ours-lib")
+    from .engine import EngineNotFound
+    if explicit is not None and not os.path.isfile(os.path.join(explicit, _dropin.LIBLLAMA)):
+        # measuring another engine than the one asked for would make the numbers a lie
+        raise EngineNotFound(f"--ours-lib {explicit}: no {_dropin.LIBLLAMA} there")
+    found = _dropin.find_lib_dir(explicit)
+    if found is None:
+        raise EngineNotFound("deepseek-cpu's engine (deepseek_cpu/lib/libllama.so) was not found; "
+                             "install deepseek-cpu or pass --ours-lib")
+    return Path(found)
 
 
 def _child_env(lib: Path) -> dict:

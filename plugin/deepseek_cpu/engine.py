@@ -17,10 +17,21 @@ class EngineNotPatched(DeepseekCpuError, RuntimeError):
     """The libllama that llama_cpp loaded is not deepseek-cpu's build."""
 
 
+class EngineNotFound(DeepseekCpuError, FileNotFoundError):
+    """No directory holds deepseek-cpu's engine (libllama.so)."""
+
+
 def lib_dir() -> Path:
     """The directory llama_cpp loads from: ours, unless LLAMA_CPP_LIB_PATH says otherwise
-    (also how a source checkout on PYTHONPATH finds the installed engine)."""
-    return Path(os.environ.get(_dropin.ENV_LIB, PACKAGE_LIB_DIR))
+    (also how a source checkout on PYTHONPATH finds the installed engine). The rule is
+    _dropin.find_lib_dir's; where nothing holds a libllama.so, its first candidate."""
+    return Path(_dropin.find_lib_dir() or _dropin.lib_dir_candidates()[0])
+
+
+def tests_dir() -> Path:
+    """llama.cpp's test programs shipped with the engine (deepseek_cpu/llama-tests), by the same rule."""
+    return Path(os.path.normpath(os.path.join(_dropin.find_lib_dir(name=_dropin.TESTS) or str(lib_dir()),
+                                              _dropin.TESTS)))
 
 
 def llama_lib() -> ctypes.CDLL:

@@ -53,15 +53,13 @@ def server_binary() -> Path:
     env = os.environ.get(ENV_SERVER)
     if env:
         return Path(env)
-    import sysconfig
-
-    from .engine import PACKAGE_LIB_DIR, lib_dir
-    # a source checkout on PYTHONPATH: the installed package's binary
-    installed = Path(sysconfig.get_paths()["purelib"]) / "deepseek_cpu" / "lib"
-    for d in (lib_dir(), PACKAGE_LIB_DIR, installed):
-        p = Path(d) / "llama-server"
-        if p.exists():
-            return p
+    from . import _dropin
+    from .engine import lib_dir
+    # the engine's rule ($LLAMA_CPP_LIB_PATH, our lib/, a source checkout's installed one),
+    # asked for the directory that holds llama-server
+    found = _dropin.find_lib_dir(name="llama-server")
+    if found is not None:
+        return Path(found) / "llama-server"
     raise ServerNotFound(
         f"llama-server not found in {lib_dir()}; reinstall deepseek-cpu with DEEPSEEK_CPU_BUILD_SERVER=ON "
         f"(the default) or point {ENV_SERVER} at a llama-server binary")

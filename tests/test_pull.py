@@ -7,6 +7,7 @@ X-Linked-Etag, Range, 429s on demand); every test gets its own HF cache and GGUF
 import hashlib
 import json
 import os
+import pkgutil
 import re
 import shutil
 import stat
@@ -19,12 +20,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURES, REPO as SRC
+from conftest import FIXTURES, REPO as SRC, run_python
 from hubserver import HubServer
 
 pytest.importorskip("huggingface_hub")
 
 from deepseek_cpu import hub as hubmod  # noqa: E402
+from deepseek_cpu.hub import client as hubclient, disk_plan  # noqa: E402
 from deepseek_cpu.cli import cli  # noqa: E402
 
 REPO = "deepseek-ai/tiny-v2-group"
@@ -63,7 +65,7 @@ def hub(tmp_path, monkeypatch):
     # once per process (for its user-agent); keep the tests off the network
     from huggingface_hub.utils import _detect_agent
     monkeypatch.setattr(_detect_agent, "_registry", _detect_agent._EMPTY_REGISTRY)
-    monkeypatch.setattr(hubmod, "RETRY_DELAYS", (0.05, 0.05, 0.05))
+    monkeypatch.setattr(hubclient, "RETRY_DELAYS", (0.05, 0.05, 0.05))  # where the client reads it
     yield srv
     srv.stop()
 
@@ -291,7 +293,7 @@ def test_unsupported_architecture_refused_before_any_weight(hub, tmp_path):
 
 
 def test_not_enough_disk_stops_before_downloading(hub, monkeypatch):
-    monkeypatch.setattr(hubmod, "free_bytes", lambda path: 5 << 20)
+    monkeypatch.setattr(disk_plan, "free_bytes", lambda path: 5 << 20)  # where the disk check reads it
     res = pull("--quant", "q4_k_m")
     assert res.exit_code == 1
     msg = res.output
@@ -453,6 +455,55 @@ def test_pull_is_listed_as_a_builtin_plugin_command():
     assert "pull" in res.output
     from deepseek_cpu.plugins import describe
     assert any(r["name"] == "deepseek_cpu.pull" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
+
+
+# the hub package and each of its modules, found on disk: a module added later is covered too
+HUB_MODULES = ["deepseek_cpu.hub"] + sorted(f"deepseek_cpu.hub.{m.name}" for m in pkgutil.iter_modules(hubmod.__path__))
+# what the hub must not load at import time: llama.py (it imports the hub in from_hub; the
+# other direction would be a cycle), llama_log.py and llama_cpp (the engine: `pull`'s start-up
+# stays cheap, and the quantizer loads it when it runs)
+_ENGINE = "sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith(('llama_cpp.', 'deepseek_cpu.llama')))"
+
+
+@pytest.mark.parametrize("module", HUB_MODULES)
+def test_each_hub_module_imports_alone_without_llama(module):
+    r = run_python(f"import importlib, sys; importlib.import_module({module!r}); print({_ENGINE})")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", f"importing {module} loaded {r.stdout.strip()}"
+
+
+def test_hub_public_names_stay_where_they_were():
+    from deepseek_cpu.errors import DeepseekCpuError
+    for name in ("pull", "PullError", "PullResult", "quantize", "estimate_disk", "free_bytes", "hf_endpoint",
+                 "hf_cache_dir", "hf_offline", "gguf_cache_dir", "converter_key", "CONVERTER_FORMAT", "DIRECT",
+                 "QUANTS", "INTERMEDIATE", "META_FILES", "INDEX", "RETRY_DELAYS"):
+        assert hasattr(hubmod, name), name
+    assert issubclass(hubmod.PullError, DeepseekCpuError)
+
+
+def test_quantizer_loads_the_engine_and_log_callback_without_llama_py(tmp_path):
+    """llama_log.py imports alone and installs the log callback; the hub's quantizer, run in a
+    fresh interpreter, gets llama_cpp and that callback from it, never importing llama.py; and
+    llama.py still offers the callback under its old names (the same objects)."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf" * 10)
+    r = run_python(
+        "import sys\n"
+        "import deepseek_cpu.llama_log as ll, llama_cpp._logger as lg\n"
+        "assert lg.llama_log_callback is ll.safe_log_callback\n"
+        "from deepseek_cpu.hub import PullError, quantize\n"
+        "try:\n"
+        f"    quantize({str(bad)!r}, {str(tmp_path / 'out.gguf')!r}, 'q4_k_m', progress=False)\n"
+        "except PullError as e:\n"
+        "    print('PullError:', e)\n"
+        f"print({_ENGINE})\n"
+        "import deepseek_cpu.llama as dl\n"
+        "assert dl.safe_log_callback is ll.safe_log_callback and dl.install_log_callback is ll.install_log_callback\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("PullError: llama.cpp could not quantize to q4_k_m (code "), lines[0]
+    assert "no message" not in lines[0]  # llama.cpp's own words reached the quantizer through the callback
+    assert "'deepseek_cpu.llama'" not in lines[1] and "'llama_cpp'" in lines[1], lines[1]
 
 
 def test_partial_file_hash_follows_a_restart(tmp_path):

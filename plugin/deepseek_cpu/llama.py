@@ -17,11 +17,8 @@ Behaviour fixes over llama_cpp.Llama (see docs/integrations.md):
 """
 from __future__ import annotations
 
-import codecs
-import ctypes
 import inspect
 import os
-import sys
 from dataclasses import dataclass
 
 from . import _dropin, quant_types, resources
@@ -29,7 +26,11 @@ from . import _dropin, quant_types, resources
 _dropin.activate()
 
 import llama_cpp  # noqa: E402  (after the drop-in has chosen the library)
-import llama_cpp._logger as _lc_logger  # noqa: E402
+
+# The log callback lives in llama_log.py, which the hub's quantizer imports too (so the hub
+# needs nothing from this module); importing it installs the callback. Re-exported here,
+# where it has always been found.
+from .llama_log import _log_write, install_log_callback, safe_log_callback  # noqa: E402, F401
 
 MAX_DEFAULT_CTX = 32768
 MIN_DEFAULT_CTX = 512
@@ -97,47 +98,6 @@ def cpu_defaults(model_path: str, given: dict) -> dict:
     return out
 
 
-# --- logging -----------------------------------------------------------------------------
-# llama-cpp-python's callback does `text.decode("utf-8")` on every chunk: a chunk holding
-# part of a multi-byte character raises inside a ctypes callback, which prints a traceback
-# ("Exception ignored on calling ctypes callback function") and drops the line. Ours
-# decodes incrementally (a character split across chunks is joined; invalid bytes become
-# U+FFFD) and never raises. Which lines are shown is unchanged: llama-cpp-python's level
-# table and its "llama-cpp-python" logger (set by `verbose=`) decide, as before.
-_log_decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-_log_last_level = 0
-
-
-def _log_write(level: int, text: bytes | None) -> None:
-    global _log_last_level
-    table = _lc_logger.GGML_LOG_LEVEL_TO_LOGGING_LEVEL
-    py_level = table.get(_log_last_level if level == 5 else level, table[0])
-    if level != 5:
-        _log_last_level = level
-    if _lc_logger.logger.level <= py_level:
-        s = _log_decoder.decode(text or b"")
-        if s:
-            sys.stderr.write(s)
-            sys.stderr.flush()
-
-
-@llama_cpp.llama_log_callback
-def safe_log_callback(level, text, user_data):
-    try:
-        _log_write(level, text)
-    except Exception:  # a log line must never raise into C
-        pass
-
-
-def install_log_callback() -> None:
-    """Make `safe_log_callback` the process-wide llama.cpp/ggml log callback."""
-    llama_cpp.llama_log_set(safe_log_callback, ctypes.c_void_p(0))
-    _lc_logger.llama_log_callback = safe_log_callback  # keep llama_cpp's own name pointing at it
-
-
-install_log_callback()
-
-
 # --- context limit --------------------------------------------------------------------------
 _COMPLETION_SIG = inspect.signature(llama_cpp.Llama.create_completion)
 
@@ -197,6 +157,8 @@ class Llama(llama_cpp.Llama):
         """Pull a safetensors checkpoint from the Hugging Face hub (download, convert, quantize,
         cached; see deepseek_cpu.hub.pull) and load it; `kwargs` go to Llama().
         Unlike llama_cpp.Llama.from_pretrained, the repo holds the original weights, not a GGUF."""
+        # imported here: the hub (huggingface_hub, the converter) is only needed for from_hub,
+        # and only this direction exists (the hub never imports this module)
         from .hub import pull
         res = pull(repo_id, quant=quant, revision=revision, token=token, cache_dir=cache_dir,
                    output_dir=output_dir, delete_snapshot=delete_snapshot, progress=progress)

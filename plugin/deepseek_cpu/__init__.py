@@ -7,12 +7,6 @@ Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
 from __future__ import annotations
 
 import os as _os
-from importlib import metadata as _metadata
-
-try:
-    __version__ = _metadata.version("deepseek-cpu")
-except _metadata.PackageNotFoundError:  # running from a source checkout
-    __version__ = "0.0.0+src"
 
 # In a source checkout the built-in converters live in <repo>/converters; the wheel
 # installs them as deepseek_cpu/converters. Let the same import name work in both.
@@ -24,7 +18,20 @@ if not _os.path.isdir(_os.path.join(_here, "converters")) and _os.path.isdir(_sr
 __all__ = ["Llama", "convert", "engine_info", "__version__"]
 
 
+def _version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("deepseek-cpu")
+    except metadata.PackageNotFoundError:  # running from a source checkout
+        return "0.0.0+src"
+
+
 def __getattr__(name: str):
+    # lazily, __version__ included: the .pth drop-in imports this package in every Python
+    # process of the environment, and importlib.metadata alone costs tens of milliseconds
+    if name == "__version__":
+        globals()["__version__"] = v = _version()
+        return v
     if name == "Llama":
         from .llama import Llama
         return Llama

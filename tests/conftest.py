@@ -97,6 +97,25 @@ def kernel_coverage() -> str:
             f"syntax-checked only (tests/test_kernel_isa.py): {', '.join(compiled_only) or 'none'}")
 
 
+# Under CI (CI=true) a skip is a failure unless its reason says why it can never run there:
+# "not applicable: ..." (nothing to test for this case) or "CPU lacks ...". Anything else --
+# a package that could not be fetched, a missing build output -- is a hole in what CI proves.
+CI_SKIP_REASONS = ("not applicable:", "CPU lacks")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not os.environ.get("CI") or not rep.skipped or hasattr(rep, "wasxfail"):
+        return
+    longrepr = rep.longrepr
+    reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
+    if not reason.startswith(CI_SKIP_REASONS):
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped under CI, which must run it: {reason}"
+
+
 def pytest_terminal_summary(terminalreporter):
     from collections import Counter
     stats = terminalreporter.stats

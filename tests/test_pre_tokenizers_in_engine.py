@@ -265,7 +265,7 @@ def test_vocabulary_as_upstream_wrote_it(converted_pre):
     ggml-vocab-<name>.gguf (written by llama.cpp's converter from the original tokenizer)."""
     name, _, _, vocab_file, out = converted_pre
     if vocab_file is None:
-        pytest.skip(f"llama.cpp ships no {name} vocabulary file to compare with")
+        pytest.skip(f"not applicable: llama.cpp ships no {name} vocabulary file to compare with")
     ref = gguf.GGUFReader(vocab_file).fields
     ours = gguf.GGUFReader(out).fields
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):

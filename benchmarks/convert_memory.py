@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from deepseek_cpu.converters.deepseek import checkpoint_tensors, tensor_table
+
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER_FROM = REPO / "tests" / "fixtures" / "v2_lite"
 SHARD_BYTES = 1 << 30
@@ -65,45 +67,6 @@ V2_LITE = {
 }
 
 
-def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes of a DeepSeek-V2 checkpoint, in the published order."""
-    H, V, nh = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
-    nope, rope, vd, kvl = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
-    ff, ffe, ne, ns = c["intermediate_size"], c["moe_intermediate_size"], c["n_routed_experts"], c["n_shared_experts"]
-    out = {"model.embed_tokens.weight": (V, H)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (H,)
-        if c["q_lora_rank"]:
-            r = c["q_lora_rank"]
-            out[p + "self_attn.q_a_proj.weight"] = (r, H)
-            out[p + "self_attn.q_a_layernorm.weight"] = (r,)
-            out[p + "self_attn.q_b_proj.weight"] = (nh * (nope + rope), r)
-        else:
-            out[p + "self_attn.q_proj.weight"] = (nh * (nope + rope), H)
-        out[p + "self_attn.kv_a_proj_with_mqa.weight"] = (kvl + rope, H)
-        out[p + "self_attn.kv_a_layernorm.weight"] = (kvl,)
-        out[p + "self_attn.kv_b_proj.weight"] = (nh * (nope + vd), kvl)
-        out[p + "self_attn.o_proj.weight"] = (H, nh * vd)
-        out[p + "post_attention_layernorm.weight"] = (H,)
-        if i < c["first_k_dense_replace"]:
-            out[p + "mlp.gate_proj.weight"] = (ff, H)
-            out[p + "mlp.up_proj.weight"] = (ff, H)
-            out[p + "mlp.down_proj.weight"] = (H, ff)
-            continue
-        for e in range(ne):
-            out[p + f"mlp.experts.{e}.gate_proj.weight"] = (ffe, H)
-            out[p + f"mlp.experts.{e}.up_proj.weight"] = (ffe, H)
-            out[p + f"mlp.experts.{e}.down_proj.weight"] = (H, ffe)
-        out[p + "mlp.gate.weight"] = (ne, H)
-        out[p + "mlp.shared_experts.gate_proj.weight"] = (ffe * ns, H)
-        out[p + "mlp.shared_experts.up_proj.weight"] = (ffe * ns, H)
-        out[p + "mlp.shared_experts.down_proj.weight"] = (H, ffe * ns)
-    out["model.norm.weight"] = (H,)
-    out["lm_head.weight"] = (V, H)
-    return out
-
-
 class RandomBF16:
     """bf16 bytes with std ~0.02, cut from one random block at varying offsets (fast)."""
 
@@ -127,7 +90,7 @@ def write_checkpoint(model_dir: Path, config: dict) -> int:
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TOKENIZER_FROM / f, model_dir / f)
-    shapes = tensor_shapes(config)
+    shapes = checkpoint_tensors(config)  # the converter's own table, in state_dict order
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():
@@ -209,11 +172,11 @@ def main() -> None:
     results = []
     try:
         base = measure_convert(TOKENIZER_FROM, work / "tiny.gguf", args.outtype)
-        c0 = dict(V2_LITE)
-        largest = c0["n_routed_experts"] * c0["moe_intermediate_size"] * c0["hidden_size"] * 4
+        # from the converter's tensor table (the same for every layer count > 1)
+        table = tensor_table(dict(V2_LITE, num_hidden_layers=2))
+        largest = max(int(np.prod(s.shape)) for s in table if s.op == "stack") * 4
         # V2-Lite's embedding / output matrix is bigger still as f32 (102400 x 2048 x 4 = 839 MB)
-        largest_any = max(largest, c0["vocab_size"] * c0["hidden_size"] * 4,
-                          c0["intermediate_size"] * c0["hidden_size"] * 4)
+        largest_any = max(int(np.prod(s.shape)) for s in table) * 4
         for n in args.layers:
             cfg = dict(V2_LITE, num_hidden_layers=n)
             model = work / f"synthetic-v2-lite-{n}L"

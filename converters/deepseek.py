@@ -7,10 +7,17 @@ safetensors shards, per-expert tensors, and config.json in DeepSeek's original f
 The output is MLA-ready: kv_b_proj is split into attn_k_b (transposed per head) and
 attn_v_b, so the engine can attend in the compressed latent space; routed experts are
 stacked into one 3-D tensor per projection.
+
+`DeepseekConverter.tensor_table` is the one table of which GGUF tensors a config implies,
+their shapes and the checkpoint tensors they come from, built from config.json alone:
+`plan` checks a checkpoint against it, `checkpoint_tensors` lists what a checkpoint must
+hold, and synth (random-weight GGUFs) and benchmarks/convert_memory.py (a synthetic
+checkpoint) take their shapes from it.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -52,6 +59,56 @@ def rope_config(cfg: dict) -> dict:
     rope["rope_type"] = rope_type
     rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
     return rope
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One row of the tensor table (DeepseekConverter.tensor_table): a GGUF tensor the
+    config implies and the checkpoint tensors it is made from."""
+    name: str                        # GGUF tensor name
+    shape: tuple[int, ...]           # its shape, numpy order (outermost first)
+    sources: tuple[str, ...]         # the checkpoint tensors it is made from, in reading order
+    source_shape: tuple[int, ...]    # the shape config.json implies for each source
+    op: str = "copy"                 # copy | k_b, v_b (split of kv_b_proj) | stack (experts)
+    required: bool = True            # False: written only when the checkpoint has its source
+    missing: str | None = None       # the error when a required source is absent (None: the generic one)
+
+    def qtype(self, outtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+        """The type the converter writes it in for `outtype`."""
+        return choose_qtype(self.name, self.shape, outtype)
+
+
+# A decoder layer's modules in the order DeepSeek's modeling code registers them: the
+# state_dict order, in which the published checkpoints are sharded.
+_LAYER_MODULES = ("self_attn.q_proj", "self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
+                  "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
+                  "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.experts", "mlp.gate",
+                  "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
+                  "input_layernorm", "post_attention_layernorm")
+_MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
+_PARAMS = ("weight", "e_score_correction_bias")
+_OUTSIDE_LAYERS = {"model.embed_tokens.weight": 0, "model.norm.weight": 2, "lm_head.weight": 3}  # layers: 1
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.(\w+)|(.+))\.(\w+)$")
+
+
+def _state_dict_position(name: str) -> tuple:
+    m = _LAYER.match(name)
+    if not m:
+        return (_OUTSIDE_LAYERS[name],)
+    layer, expert, proj, module, param = m.groups()
+    if expert is not None:
+        return (1, int(layer), _LAYER_MODULES.index("mlp.experts"), int(expert), _MLP_PROJ.index(proj))
+    return (1, int(layer), _LAYER_MODULES.index(module), _PARAMS.index(param))
+
+
+def tensor_table(config: dict, model_dir: str | Path = ".") -> list[TensorSpec]:
+    """The GGUF tensors `config` implies, their shapes and sources (no checkpoint needed)."""
+    return DeepseekConverter(config, Path(model_dir)).tensor_table()
+
+
+def checkpoint_tensors(config: dict, optional: bool = False, model_dir: str | Path = ".") -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors (name -> shape) `config` implies, in state_dict order."""
+    return DeepseekConverter(config, Path(model_dir)).checkpoint_tensors(optional)
 
 
 class DeepseekConverter:
@@ -175,24 +232,16 @@ class DeepseekConverter:
 
     # -- tensors -------------------------------------------------------------------
 
-    def plan(self, ckpt: Checkpoint, outtype: gguf.GGMLQuantizationType) -> list[TensorPlan]:
-        self.ckpt = ckpt
+    def tensor_table(self) -> list[TensorSpec]:
+        """THE DeepSeek tensor plan: every GGUF tensor this config implies, in the order
+        they are written, with its shape and the checkpoint tensors (and their shapes) it
+        is made from. A function of config.json alone; `plan` checks a checkpoint against
+        it, synth writes it without one, and `checkpoint_tensors` lists its sources."""
         c = self.cfg
-        plans: list[TensorPlan] = []
-        used: set[str] = set()
+        table: list[TensorSpec] = []
 
-        def expect(name: str, shape: tuple[int, ...]) -> None:
-            if name not in ckpt:
-                raise CheckpointError(f"{self.dir}: tensor {name} is missing from the checkpoint")
-            if ckpt.shape(name) != shape:
-                raise CheckpointError(f"{self.dir}: tensor {name} has shape {ckpt.shape(name)}, "
-                                      f"config.json implies {shape}")
-
-        def direct(gguf_name: str, src: str, shape: tuple[int, ...]) -> None:
-            expect(src, shape)
-            used.add(src)
-            plans.append(TensorPlan(gguf_name, shape, choose_qtype(gguf_name, shape, outtype),
-                                    lambda: ckpt.f32(src), [src]))
+        def direct(gguf_name: str, src: str, shape: tuple[int, ...], **kw) -> None:
+            table.append(TensorSpec(gguf_name, shape, (src,), shape, **kw))
 
         H, V = int(c["hidden_size"]), int(c["vocab_size"])
         nope, rope_dim, v_dim, kv_lora = (int(c[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
@@ -213,15 +262,10 @@ class DeepseekConverter:
                 direct(b + "attn_q.weight", p + "self_attn.q_proj.weight", (self.n_head * qk, H))
             direct(b + "attn_kv_a_mqa.weight", p + "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope_dim, H))
             direct(b + "attn_kv_a_norm.weight", p + "self_attn.kv_a_layernorm.weight", (kv_lora,))
-            kvb = p + "self_attn.kv_b_proj.weight"
-            expect(kvb, (self.n_head * (nope + v_dim), kv_lora))
-            used.add(kvb)
-            plans.append(TensorPlan(b + "attn_k_b.weight", (self.n_head, kv_lora, nope),
-                                    choose_qtype(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), outtype),
-                                    lambda kvb=kvb: self._k_b(kvb), [kvb]))
-            plans.append(TensorPlan(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora),
-                                    choose_qtype(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), outtype),
-                                    lambda kvb=kvb: self._v_b(kvb), [kvb]))
+            # kv_b_proj is split per head into the key part (transposed) and the value part
+            kvb, kvb_shape = (p + "self_attn.kv_b_proj.weight",), (self.n_head * (nope + v_dim), kv_lora)
+            table.append(TensorSpec(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), kvb, kvb_shape, "k_b"))
+            table.append(TensorSpec(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), kvb, kvb_shape, "v_b"))
             direct(b + "attn_output.weight", p + "self_attn.o_proj.weight", (H, self.n_head * v_dim))
             direct(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
             if not self.is_moe_layer(i):
@@ -230,21 +274,15 @@ class DeepseekConverter:
                 direct(b + "ffn_down.weight", p + "mlp.down_proj.weight", (H, n_ff))
                 continue
             direct(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", (self.n_expert, H))
+            # V3's routing bias: written whenever the checkpoint has it, needed by noaux_tc
             bias = p + "mlp.gate.e_score_correction_bias"
-            if bias in ckpt:
-                direct(b + "exp_probs_b.bias", bias, (self.n_expert,))
-            elif self.topk_method == "noaux_tc":
-                raise CheckpointError(f"{self.dir}: noaux_tc routing needs {bias}, which is missing")
+            direct(b + "exp_probs_b.bias", bias, (self.n_expert,), required=self.topk_method == "noaux_tc",
+                   missing=f"noaux_tc routing needs {bias}, which is missing")
             for proj, gname, shape in (("gate_proj", "ffn_gate_exps", (n_ff_exp, H)),
                                        ("up_proj", "ffn_up_exps", (n_ff_exp, H)),
                                        ("down_proj", "ffn_down_exps", (H, n_ff_exp))):
-                srcs = [f"{p}mlp.experts.{e}.{proj}.weight" for e in range(self.n_expert)]
-                for s in srcs:
-                    expect(s, shape)
-                used.update(srcs)
-                full = (self.n_expert, *shape)
-                plans.append(TensorPlan(b + gname + ".weight", full, choose_qtype(b + gname, full, outtype),
-                                        lambda srcs=srcs: self._stack(srcs), srcs))
+                srcs = tuple(f"{p}mlp.experts.{e}.{proj}.weight" for e in range(self.n_expert))
+                table.append(TensorSpec(b + gname + ".weight", (self.n_expert, *shape), srcs, shape, "stack"))
             n_sh = int(c.get("n_shared_experts") or 0)
             if n_sh:
                 f = n_ff_exp * n_sh
@@ -252,10 +290,39 @@ class DeepseekConverter:
                 direct(b + "ffn_up_shexp.weight", p + "mlp.shared_experts.up_proj.weight", (f, H))
                 direct(b + "ffn_down_shexp.weight", p + "mlp.shared_experts.down_proj.weight", (H, f))
         direct("output_norm.weight", "model.norm.weight", (H,))
-        if "lm_head.weight" in ckpt:
-            direct("output.weight", "lm_head.weight", (V, H))
-        elif not c.get("tie_word_embeddings"):
-            raise CheckpointError(f"{self.dir}: lm_head.weight is missing and tie_word_embeddings is not set")
+        # written whenever the checkpoint has it; a tied model may leave it out
+        direct("output.weight", "lm_head.weight", (V, H), required=not c.get("tie_word_embeddings"),
+               missing="lm_head.weight is missing and tie_word_embeddings is not set")
+        return table
+
+    def checkpoint_tensors(self, optional: bool = False) -> dict[str, tuple[int, ...]]:
+        """The checkpoint tensors (name -> shape) this config implies, in the order DeepSeek's
+        modeling code registers them (= state_dict order, that of the published shards).
+        optional: also those the converter takes when present but does without (a routing
+        bias outside noaux_tc, a tied model's lm_head)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for spec in self.tensor_table():
+            if spec.required or optional:
+                out.update(dict.fromkeys(spec.sources, spec.source_shape))
+        return dict(sorted(out.items(), key=lambda kv: _state_dict_position(kv[0])))
+
+    def plan(self, ckpt: Checkpoint, outtype: gguf.GGMLQuantizationType) -> list[TensorPlan]:
+        """`tensor_table` checked against the checkpoint's headers: every source present with
+        the shape config.json implies, and no checkpoint tensor left unused."""
+        self.ckpt = ckpt
+        plans: list[TensorPlan] = []
+        used: set[str] = set()
+        for spec in self.tensor_table():
+            if not spec.required and not all(s in ckpt for s in spec.sources):
+                continue
+            for src in spec.sources:
+                if src not in ckpt:
+                    raise CheckpointError(f"{self.dir}: {spec.missing or f'tensor {src} is missing from the checkpoint'}")
+                if ckpt.shape(src) != spec.source_shape:
+                    raise CheckpointError(f"{self.dir}: tensor {src} has shape {ckpt.shape(src)}, "
+                                          f"config.json implies {spec.source_shape}")
+            used.update(spec.sources)
+            plans.append(TensorPlan(spec.name, spec.shape, spec.qtype(outtype), self._producer(spec), list(spec.sources)))
 
         # multi-token-prediction layers (V3's layer 61) are not used for decoding
         mtp = re.compile(rf"model\.layers\.(\d+)\.")
@@ -266,6 +333,18 @@ class DeepseekConverter:
             raise CheckpointError(f"{self.dir}: {len(left)} checkpoint tensors are not understood "
                                   f"by the {self.hf_arch} converter, e.g. {left[:4]}")
         return plans
+
+    def _producer(self, spec: TensorSpec):
+        if spec.op == "copy":
+            src = spec.sources[0]
+            return lambda: self.ckpt.f32(src)
+        if spec.op == "k_b":
+            return lambda: self._k_b(spec.sources[0])
+        if spec.op == "v_b":
+            return lambda: self._v_b(spec.sources[0])
+        if spec.op == "stack":
+            return lambda: self._stack(list(spec.sources))
+        raise AssertionError(spec.op)
 
     def _kv_b(self, src: str) -> np.ndarray:
         c = self.cfg

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO
+from conftest import CHECKPOINTS, FIXTURES, REPO
 
 from deepseek_cpu import plugins
 from deepseek_cpu.convert import convert
@@ -106,6 +106,62 @@ def test_config_weight_shape_mismatch(tmp_path, out_dir, key, value, tensor):
     edit_config(model, **{key: value})
     msg = check_fails(model, out_dir, CheckpointError, tensor, "config.json")
     assert "shape" in msg or "not understood" in msg
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_tensor_table_is_the_fixture_checkpoints(name):
+    """The converter's tensor table, from config.json alone, lists exactly the tensors (names
+    and shapes) of each fixture checkpoint; make_fixtures.py writes those from its own list,
+    which transformers' save_pretrained confirmed."""
+    from deepseek_cpu.converters.checkpoint import Checkpoint
+    from deepseek_cpu.converters.deepseek import checkpoint_tensors
+    cfg = json.loads((FIXTURES / name / "config.json").read_text())
+    ck = Checkpoint(FIXTURES / name)
+    try:
+        real = {n: ck.shape(n) for n in ck.names()}
+    finally:
+        ck.close()
+    assert checkpoint_tensors(cfg) == real
+    assert checkpoint_tensors(cfg, optional=True).keys() - real.keys() == (
+        set() if cfg["topk_method"] == "noaux_tc"
+        else {f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+         for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])})
+
+
+def test_tensor_table_optional_tensors(tmp_path, out_dir):
+    """A tied model's lm_head is optional: without it no output.weight is planned or written."""
+    import gguf
+
+    from deepseek_cpu.converters.deepseek import checkpoint_tensors, tensor_table
+    cfg = json.loads((FIXTURES / SMALL / "config.json").read_text())
+    tied = {**cfg, "tie_word_embeddings": True}
+    assert "lm_head.weight" in checkpoint_tensors(cfg) and "lm_head.weight" not in checkpoint_tensors(tied)
+    assert "lm_head.weight" in checkpoint_tensors(tied, optional=True)
+    spec = {s.name: s for s in tensor_table(tied)}["output.weight"]
+    assert spec.sources == ("lm_head.weight",) and not spec.required
+    model = copy_fixture(tmp_path / SMALL)
+    edit_config(model, tie_word_embeddings=True)
+    with open(model / "model.safetensors.index.json") as f:
+        index = json.load(f)
+    shard = model / index["weight_map"].pop("lm_head.weight")
+    raw = shard.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    header.pop("lm_head.weight")
+    kept, off = [], 0
+    for k, v in header.items():
+        if k != "__metadata__":
+            a, b = v["data_offsets"]
+            kept.append(data[a:b])
+            v["data_offsets"] = [off, off + b - a]
+            off += b - a
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    shard.write_bytes(struct.pack("<Q", len(hb)) + hb + b"".join(kept))
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    out = convert(model, out_dir / "model.gguf", outtype="f32", progress=False)
+    names = [t.name for t in gguf.GGUFReader(str(out)).tensors]
+    assert "output.weight" not in names and names == [s.name for s in tensor_table(tied) if s.required]
 
 
 def test_missing_tokenizer(tmp_path, out_dir):

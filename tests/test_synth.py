@@ -32,15 +32,15 @@ def _field(r, key):
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
-def test_header_only_plan_equals_real_conversion(converted, name):
-    """The stand-in checkpoint synth builds from a config.json must be exactly what the
-    converter sees in a real checkpoint: same tensors, shapes and types after conversion."""
+def test_config_only_plan_equals_real_conversion(converted, name):
+    """The tensors synth takes from the converter's table for a config.json must be exactly
+    what the converter writes for a real checkpoint: same tensors, order, shapes and types."""
     cfg = json.loads((FIXTURES / name / "config.json").read_text())
-    _conv, plans = synth.converter_plan(cfg, Q.F32)
+    _conv, specs = synth.converter_plan(cfg)
     _r, real = _tensors(converted(name, "f32"))
-    assert [p.name for p in plans] == list(real)
-    for p in plans:
-        assert (p.shape, p.qtype) == real[p.name], p.name
+    assert [p.name for p in specs] == list(real)
+    for p in specs:
+        assert (p.shape, p.qtype(Q.F32)) == real[p.name], p.name
 
 
 def test_v2_lite_shapes_are_the_real_ones():

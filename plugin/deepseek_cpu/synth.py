@@ -5,8 +5,8 @@
 
 What is exact, and how:
   * Tensor names, shapes and GGUF metadata come from our own converter
-    (converters/deepseek.py) run on the real config.json of the model (REAL_CONFIGS below,
-    copied from the hub) against a header-only stand-in checkpoint: synth writes exactly
+    (converters/deepseek.py: its tensor table and write_metadata) applied to the real
+    config.json of the model (REAL_CONFIGS below, copied from the hub): synth writes exactly
     what `deepseek-cpu convert` writes for the real checkpoint, minus the weights.
   * Tensor types follow llama.cpp's `llama-quantize` recipe for the chosen mix
     (llama_tensor_get_type in src/llama-quant.cpp of the pinned llama.cpp, applied to the
@@ -147,85 +147,16 @@ def real_config(shape: str, layers: int | None = None) -> dict:
 # The converter's plan, from the config alone
 # ------------------------------------------------------------------------------------
 
-def hf_tensor_shapes(cfg: dict, conv) -> dict[str, tuple[int, ...]]:
-    """The tensors (names and shapes) of the Hugging Face checkpoint that `cfg` describes."""
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-    nope, rope, vd, kvl = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    nh, ql = cfg["num_attention_heads"], cfg.get("q_lora_rank")
-    E, ffe, ff = int(cfg.get("n_routed_experts") or 0), cfg.get("moe_intermediate_size"), cfg["intermediate_size"]
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (H,)
-        if ql:
-            out[p + "self_attn.q_a_proj.weight"] = (ql, H)
-            out[p + "self_attn.q_a_layernorm.weight"] = (ql,)
-            out[p + "self_attn.q_b_proj.weight"] = (nh * (nope + rope), ql)
-        else:
-            out[p + "self_attn.q_proj.weight"] = (nh * (nope + rope), H)
-        out[p + "self_attn.kv_a_proj_with_mqa.weight"] = (kvl + rope, H)
-        out[p + "self_attn.kv_a_layernorm.weight"] = (kvl,)
-        out[p + "self_attn.kv_b_proj.weight"] = (nh * (nope + vd), kvl)
-        out[p + "self_attn.o_proj.weight"] = (H, nh * vd)
-        out[p + "post_attention_layernorm.weight"] = (H,)
-        if not conv.is_moe_layer(i):
-            out[p + "mlp.gate_proj.weight"] = (ff, H)
-            out[p + "mlp.up_proj.weight"] = (ff, H)
-            out[p + "mlp.down_proj.weight"] = (H, ff)
-            continue
-        out[p + "mlp.gate.weight"] = (E, H)
-        if cfg.get("topk_method") == "noaux_tc":
-            out[p + "mlp.gate.e_score_correction_bias"] = (E,)
-        for e in range(E):
-            out[f"{p}mlp.experts.{e}.gate_proj.weight"] = (ffe, H)
-            out[f"{p}mlp.experts.{e}.up_proj.weight"] = (ffe, H)
-            out[f"{p}mlp.experts.{e}.down_proj.weight"] = (H, ffe)
-        sh = int(cfg.get("n_shared_experts") or 0)
-        if sh:
-            out[p + "mlp.shared_experts.gate_proj.weight"] = (ffe * sh, H)
-            out[p + "mlp.shared_experts.up_proj.weight"] = (ffe * sh, H)
-            out[p + "mlp.shared_experts.down_proj.weight"] = (H, ffe * sh)
-    out["model.norm.weight"] = (H,)
-    if not cfg.get("tie_word_embeddings"):
-        out["lm_head.weight"] = (V, H)
-    return out
-
-
-class HeaderOnlyCheckpoint:
-    """Answers the converter's questions about a checkpoint (names, shapes) without data."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]):
-        self._shapes = shapes
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._shapes
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
-
-    def names(self):
-        return list(self._shapes)
-
-    def f32(self, name):  # pragma: no cover - synth never reads weights
-        raise RuntimeError("a header-only checkpoint has no data")
-
-    def drop_pages(self, name):  # pragma: no cover
-        pass
-
-    def close(self):
-        pass
-
-
 def converter_for(cfg: dict):
     from .converters.deepseek import DeepseekConverter
     return DeepseekConverter(cfg, Path(str(cfg.get("_name_or_path", "synthetic"))))
 
 
-def converter_plan(cfg: dict, outtype: gguf.GGMLQuantizationType = Q.F16):
-    """(converter, plan) for `cfg`: what `deepseek-cpu convert` would write for the real checkpoint."""
+def converter_plan(cfg: dict):
+    """(converter, its tensor table) for `cfg`: the tensors `deepseek-cpu convert` writes for
+    the real checkpoint (one holding exactly the tensors the config requires), in order."""
     conv = converter_for(cfg)
-    plans = conv.plan(HeaderOnlyCheckpoint(hf_tensor_shapes(cfg, conv)), outtype)
-    return conv, plans
+    return conv, [spec for spec in conv.tensor_table() if spec.required]
 
 
 # ------------------------------------------------------------------------------------
@@ -513,11 +444,11 @@ def synth_plan(shape: str, quant: str, layers: int | None = None):
         raise ValueError(f"unknown quant {quant!r}; choose one of {', '.join(MIXES)}")
     mix = MIXES[quant]
     cfg = real_config(shape, layers)
-    conv, plans = converter_plan(cfg)
+    conv, specs = converter_plan(cfg)
     n_layer = cfg["num_hidden_layers"]
     out = []
-    for p in plans:
-        qt = tensor_type(p.name, p.shape, mix, n_layer, p.qtype)
+    for p in specs:
+        qt = tensor_type(p.name, p.shape, mix, n_layer, p.qtype(Q.F16))
         kind = "ones" if (len(p.shape) == 1 and "norm" in p.name) else ("bias" if p.name.endswith(".bias") else "weight")
         out.append(SynthTensor(p.name, p.shape, qt, kind))
     return cfg, conv, out

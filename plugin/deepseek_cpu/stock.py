@@ -13,7 +13,6 @@ LLAMA_CPP_LIB_PATH=<that dir>/lib (the drop-in respects a path the caller set).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -34,15 +33,14 @@ class StockBuildError(DeepseekCpuError, RuntimeError):
 
 
 def _prepare_module():
-    """vendor/prepare.py: from the source checkout, or shipped as deepseek_cpu/vendor."""
-    for cand in (HERE / "vendor" / "prepare.py", HERE.parent.parent / "vendor" / "prepare.py"):
-        if cand.is_file() and (cand.parent / "pin.toml").is_file():
-            spec = importlib.util.spec_from_file_location("_deepseek_cpu_prepare", cand)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return mod
-    raise StockBuildError("vendor/prepare.py and vendor/pin.toml are not available "
-                          "(run from a source checkout of deepseek-cpu to build stock llama.cpp)")
+    """vendor/prepare.py, which the wheel ships as deepseek_cpu/vendor (a namespace portion:
+    the build runs the same file as a script, before the package exists)."""
+    try:
+        from .vendor import prepare
+    except ImportError as e:
+        raise StockBuildError(f"deepseek_cpu.vendor.prepare is not available ({e}); "
+                              "reinstall deepseek-cpu to build stock llama.cpp") from None
+    return prepare
 
 
 def pin() -> dict:

@@ -51,8 +51,14 @@ import gguf
 import numpy as np
 
 from .cache import cache_root
+from .errors import DeepseekCpuError
 from .hookspecs import hookimpl
 from .quant_types import QUANT_TYPES
+
+
+class SynthError(DeepseekCpuError, ValueError):
+    """A synth request that cannot be made (unknown shape or mix, bad layer count, no such
+    output directory or tokenizer); the CLI prints it as one Error: line."""
 
 Q = gguf.GGMLQuantizationType
 
@@ -134,11 +140,11 @@ SHAPES = tuple(REAL_CONFIGS)
 
 def real_config(shape: str, layers: int | None = None) -> dict:
     if shape not in REAL_CONFIGS:
-        raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+        raise SynthError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cfg = copy.deepcopy(REAL_CONFIGS[shape])
     if layers is not None:
         if layers < 1:
-            raise ValueError("--layers must be at least 1")
+            raise SynthError("--layers must be at least 1")
         cfg["num_hidden_layers"] = min(int(layers), cfg["num_hidden_layers"])
     return cfg
 
@@ -286,7 +292,7 @@ class RandomBlocks:
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         fields = _SCALE_FIELDS.get(qtype)
         if fields is None:
-            raise ValueError(f"synth cannot generate {qtype.name} blocks")
+            raise SynthError(f"synth cannot generate {qtype.name} blocks")
         n_blocks = n_elem // block
         per = CHUNK // size
         for start in range(0, n_blocks, per):
@@ -395,7 +401,7 @@ def synth_tokenizer(shape: str, cfg: dict, source: str = "auto", log=None):
     if source not in ("auto", "offline", "bytes"):
         d, why = Path(source), f"{source}"
         if not (d / "tokenizer.json").is_file():
-            raise ValueError(f"{source}: no tokenizer.json there")
+            raise SynthError(f"{source}: no tokenizer.json there")
     elif source != "bytes":
         try:
             d, why = fetch_tokenizer(version, download=(source == "auto"), log=log)
@@ -441,7 +447,7 @@ class SynthTensor:
 def synth_plan(shape: str, quant: str, layers: int | None = None):
     """(cfg, converter, [SynthTensor]) for a synthetic file."""
     if quant not in MIXES:
-        raise ValueError(f"unknown quant {quant!r}; choose one of {', '.join(MIXES)}")
+        raise SynthError(f"unknown quant {quant!r}; choose one of {', '.join(MIXES)}")
     mix = MIXES[quant]
     cfg = real_config(shape, layers)
     conv, specs = converter_plan(cfg)
@@ -493,10 +499,10 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     mix = MIXES[quant]
     full_layers = REAL_CONFIGS[shape]["num_hidden_layers"]
     truncated = cfg["num_hidden_layers"] != full_layers
-    tok, tok_src = synth_tokenizer(shape, cfg, tokenizer, log=log)
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
-    if not out_dir.is_dir():
-        raise ValueError(f"{out_dir}: output directory does not exist")
+    if not out_dir.is_dir():  # before fetching a tokenizer for a file that cannot be written
+        raise SynthError(f"{out_dir}: output directory does not exist")
+    tok, tok_src = synth_tokenizer(shape, cfg, tokenizer, log=log)
 
     from .converters import tokenizer as tk
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_dir)
@@ -584,10 +590,7 @@ def deepseek_cpu_register_commands(cli):
         For benchmarks without downloading the model: tensor names, shapes, per-tensor
         types (llama-quantize's recipe for --quant) and metadata are those of the real
         checkpoint converted by `deepseek-cpu convert`; the weights are random."""
-        try:
-            cfg, _conv, tensors = synth_plan(shape, quant, layers)
-        except ValueError as e:
-            raise click.ClickException(str(e)) from None
+        cfg, _conv, tensors = synth_plan(shape, quant, layers)  # a SynthError is one Error: line
         total = sum(t.nbytes for t in tensors)
         summary = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in type_summary(tensors).items())
         if dry_run:
@@ -599,8 +602,6 @@ def deepseek_cpu_register_commands(cli):
         log = (lambda m: click.echo(f"deepseek-cpu: {m}", err=True))
         try:
             path = synthesize(out, shape, quant, layers, seed, tokenizer, progress=not quiet, log=log)
-        except ValueError as e:
-            raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
             click.echo("interrupted; nothing was written", err=True)
             sys.exit(130)

@@ -402,6 +402,14 @@ def test_rate_limited_hub_is_retried_after_retry_after(hub):
     assert sum(r.status == 429 for r in hub.requests) == 1
 
 
+def test_a_long_rate_limit_ends_the_pull_with_a_clear_message(hub):
+    # Retry-After: 3600 -- waiting it out would look like a hung pull; the user is told instead
+    hub.rate_limit_once[SHARD1] = 3600
+    res = pull("--quant", "q8_0")
+    assert res.exit_code == 1 and "rate-limits this client for 3600 s" in res.output, res.output
+    assert sum(r.status == 429 for r in hub.requests) == 1  # no retry into the window
+
+
 def test_files_finished_by_an_interrupted_run_are_not_fetched_again(hub):
     # A killed run leaves its finished files in the HF cache, whoever downloaded them.
     from huggingface_hub import hf_hub_download

@@ -29,6 +29,8 @@ INDEX = "model.safetensors.index.json"
 # Seconds to wait before each retry after a network error (huggingface_hub already
 # retries a dropped transfer a few times itself, resuming from the bytes it has).
 RETRY_DELAYS = (2.0, 5.0, 15.0, 30.0)
+# the longest Retry-After a pull waits out; a longer one ends the pull with a clear message
+MAX_RETRY_AFTER = 300.0
 
 
 class HubClient:
@@ -60,9 +62,15 @@ class HubClient:
             except PullError:
                 raise
             except Exception as e:  # noqa: BLE001 - classified below
+                wait = retry_after(e)
+                if wait > MAX_RETRY_AFTER:
+                    # a pull that sleeps for an hour looks hung; say when to come back instead
+                    raise PullError(f"{what}: the hub rate-limits this client for {wait:.0f} s "
+                                    f"({short(e)}); try again later, or pass --token / set HF_TOKEN "
+                                    f"(logged-in users get higher limits)") from None
                 if delay is not None and is_network_error(e):
                     # a 429 (or 503) says when to come back; retrying sooner only gets refused again
-                    delay = max(delay, retry_after(e))
+                    delay = max(delay, wait)
                     log.warning("%s: network error (%s); retry %d of %d in %.0f s",
                                 what, short(e), attempt, len(RETRY_DELAYS), delay)
                     time.sleep(delay)

@@ -359,15 +359,9 @@ def write_tokenizer(writer: gguf.GGUFWriter, tok: TokenizerData) -> None:
     writer.add_token_list(tok.tokens)
     writer.add_token_types(tok.token_types)
     writer.add_token_merges(tok.merges)
-    if tok.bos_id is not None:
-        writer.add_bos_token_id(tok.bos_id)
-    if tok.eos_id is not None:
-        writer.add_eos_token_id(tok.eos_id)
-    if tok.pad_id is not None:
-        writer.add_pad_token_id(tok.pad_id)
-    if tok.add_bos is not None:
-        writer.add_add_bos_token(tok.add_bos)
-    if tok.add_eos is not None:
-        writer.add_add_eos_token(tok.add_eos)
-    if tok.chat_template is not None:
-        writer.add_chat_template(tok.chat_template)
+    # keys left out when the checkpoint does not say: the engine then applies its own default
+    for value, add in ((tok.bos_id, writer.add_bos_token_id), (tok.eos_id, writer.add_eos_token_id),
+                       (tok.pad_id, writer.add_pad_token_id), (tok.add_bos, writer.add_add_bos_token),
+                       (tok.add_eos, writer.add_add_eos_token), (tok.chat_template, writer.add_chat_template)):
+        if value is not None:
+            add(value)

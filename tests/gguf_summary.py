@@ -57,3 +57,10 @@ def summarize(path, skip_prefixes=("GGUF.", "tokenizer.")) -> dict:
             "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
         }
     return {"metadata": meta, "tensors": tensors}
+
+
+def value_span(field) -> tuple[int, int]:
+    """[start, end) file offsets of a scalar metadata field's value: its last part (tests
+    that change a value in place, e.g. the malformed-file and engine-reads-the-key tests)."""
+    end = field.offset + sum(int(p.nbytes) for p in field.parts)
+    return end - int(field.parts[field.data[0]].nbytes), end

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from gguf_summary import value_span
+
 gguf = pytest.importorskip("gguf")
 
 SEEDS_PER_KIND = 40
@@ -58,8 +60,7 @@ def _regions(path: Path) -> dict[str, tuple[int, int]]:
     ti_start = r.tensors[0].field.offset
     ti_end = r.data_offset
     return {"header": (0, kv[0].offset), "metadata": (kv[0].offset, ti_start),
-            "token_list": (tokens.offset, after_tokens), "tensor_infos": (ti_start, ti_end),
-            "file": (0, path.stat().st_size)}
+            "token_list": (tokens.offset, after_tokens), "tensor_infos": (ti_start, ti_end)}
 
 
 def _duplicate_token(data: bytearray, tokens: list[str], regions, rng: random.Random) -> str:
@@ -89,11 +90,9 @@ def _hparam_offsets(path: Path) -> dict[str, int]:
         if name.startswith("GGUF.") or len(f.types) != 1:
             continue
         if f.types[0] in (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.INT32):
-            value = f.parts[f.data[0]]
-            # the value is the field's last part; its offset is the field's end minus 4
-            size = sum(int(p.nbytes) for p in f.parts)
-            assert int(value.nbytes) == 4
-            found[name] = f.offset + size - 4
+            start, end = value_span(f)
+            assert end - start == 4
+            found[name] = start
     return found
 
 

@@ -155,18 +155,17 @@ def _with_value(src, dst, key, value):
     an integer, a bool, or a string of the same length)."""
     import struct
     import gguf
-    field = gguf.GGUFReader(src).fields[key]
-    end = field.offset + sum(int(p.nbytes) for p in field.parts)
-    old = field.parts[field.data[0]]
+    from gguf_summary import value_span
+    start, end = value_span(gguf.GGUFReader(src).fields[key])
     if isinstance(value, bool):
         new = bytes([value])
     elif isinstance(value, int):
         new = struct.pack("<I", value)
     else:
         new = value.encode()
-    assert len(new) == int(old.nbytes), (key, value)
+    assert len(new) == end - start, (key, value)
     data = bytearray(src.read_bytes())
-    data[end - len(new):end] = new
+    data[start:end] = new
     dst.write_bytes(bytes(data))
     assert gguf.GGUFReader(dst).fields[key].contents() == value
     return dst

@@ -110,9 +110,9 @@ def own_files(patches: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
 
 
-def add_own_files(tree: Path, patches: Path) -> None:
+def add_own_files(tree: Path, files: list[Path], patches: Path) -> None:
     root = patches / "files"
-    for src in own_files(patches):
+    for src in files:
         rel = src.relative_to(root)
         dst = tree / rel
         if dst.exists():
@@ -129,7 +129,7 @@ def read_series(patches: Path) -> list[Path]:
     return [patches / n for n in names]
 
 
-def series_sha256(series: list[Path], patches: Path | None = None) -> str:
+def series_sha256(series: list[Path], files: list[Path], patches: Path | None) -> str:
     """One name for the exact change set: sha256 of the patches' bytes in series order, then
     of each own file's path under patches/files and its bytes (the build marker carries the
     first 12 hex digits instead of every patch's name)."""
@@ -137,7 +137,7 @@ def series_sha256(series: list[Path], patches: Path | None = None) -> str:
     for p in series:
         if p.exists():
             h.update(p.read_bytes())
-    for f in own_files(patches) if patches is not None else []:
+    for f in files:
         h.update(f.relative_to(patches / "files").as_posix().encode() + b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -189,7 +189,7 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
                   "files": {str(f.relative_to(patches)): sha256_of(f) for f in files}}
     stamp = dest / ".deepseek-cpu-stamp.json"
     info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series],
-            "series_sha256": series_sha256(series, patches)}
+            "series_sha256": series_sha256(series, files, patches)}
     if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
         return info
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=dest.parent))
@@ -208,7 +208,7 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
         (tree / ".git").unlink(missing_ok=True)
         apply_patches(tree, series)
         if patches is not None:
-            add_own_files(tree, patches)
+            add_own_files(tree, files, patches)
         (tree / ".deepseek-cpu-stamp.json").write_text(json.dumps(stamp_data))
         if dest.exists():
             sync_tree(tree, dest)

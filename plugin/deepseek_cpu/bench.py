@@ -198,10 +198,12 @@ def ours_lib_dir(explicit: str | None = None) -> Path:
     the first that holds a libllama.so, by _dropin.find_lib_dir's rule."""
     from . import _dropin
     from .engine import EngineNotFound
-    if explicit is not None and not os.path.isfile(os.path.join(explicit, _dropin.LIBLLAMA)):
+    if explicit is not None:
         # measuring another engine than the one asked for would make the numbers a lie
-        raise EngineNotFound(f"--ours-lib {explicit}: no {_dropin.LIBLLAMA} there")
-    found = _dropin.find_lib_dir(explicit)
+        if not os.path.isfile(os.path.join(explicit, _dropin.LIBLLAMA)):
+            raise EngineNotFound(f"--ours-lib {explicit}: no {_dropin.LIBLLAMA} there")
+        return Path(explicit)
+    found = _dropin.find_lib_dir()
     if found is None:
         raise EngineNotFound("deepseek-cpu's engine (deepseek_cpu/lib/libllama.so) was not found; "
                              "install deepseek-cpu or pass --ours-lib")

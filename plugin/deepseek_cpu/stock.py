@@ -25,9 +25,6 @@ from .cache import cache_root
 from .engine import cpu_flags
 from .errors import DeepseekCpuError
 
-HERE = Path(__file__).resolve().parent
-
-
 class StockBuildError(DeepseekCpuError, RuntimeError):
     """The stock llama.cpp could not be prepared or built; the message says where it failed."""
 

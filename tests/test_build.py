@@ -131,3 +131,47 @@ def test_pinned_series_applies_to_the_pinned_source(tmp_path):
     assert info["commit"] == pin["llama_cpp_commit"]
     src = (tmp_path / "llama.cpp" / "src" / "models" / "deepseek2.cpp").read_text()
     assert "n_layer() == 27" not in src  # the layer-count guess is gone
+
+
+SERIES_GROUPS = ("fixes", "build", "memory", "graph", "hooks")
+# Lines our series may add inside llama.cpp's own files. Our code lives in patches/files/; the
+# series holds fixes and the call sites that hook our files in, and moving to a newer llama.cpp
+# means re-resolving exactly these lines. Raise it only for a new hook or fix, never for a kernel.
+UPSTREAM_LINES_BUDGET = 1000
+
+
+def _series_diffs() -> list[tuple[str, dict[str, tuple[list[str], list[str]]]]]:
+    """Each patch of the series with, per file it touches, its added and removed lines."""
+    out = []
+    for p in prepare.read_series(REPO / "patches"):
+        files, cur = {}, None
+        for line in p.read_text().split("\n---\n", 1)[1].splitlines():
+            if line.startswith("+++ "):
+                cur = files.setdefault(line[6:] if line.startswith("+++ b/") else line[4:], ([], []))
+            elif line.startswith("--- ") or line.startswith("diff ") or line.startswith("index "):
+                continue
+            elif cur is not None and line.startswith("+"):
+                cur[0].append(line[1:])
+            elif cur is not None and line.startswith("-"):
+                cur[1].append(line[1:])
+        out.append((prepare.series_name(p), files))
+    return out
+
+
+def test_series_is_fixes_and_hooks_none_rewriting_another():
+    """The series is a set, not a history: each patch sits in its group's folder, touches only
+    llama.cpp's own files (ours are plain files under patches/files/, never patched), and no patch
+    removes a line an earlier patch added. The lines added inside upstream files stay in budget."""
+    own = {f.relative_to(REPO / "patches" / "files").as_posix() for f in prepare.own_files(REPO / "patches")}
+    added: dict[str, list[str]] = {}
+    total = 0
+    for name, files in _series_diffs():
+        assert name.split("/")[0] in SERIES_GROUPS and name.count("/") == 1, f"{name}: not in one of {SERIES_GROUPS}"
+        for path, (plus, minus) in files.items():
+            assert path not in own, f"{name} patches our own file {path}: edit patches/files/{path} instead"
+            earlier = added.get(path, [])
+            rewritten = [l for l in minus if l.strip() and l in earlier]
+            assert not rewritten, f"{name} removes lines an earlier patch added to {path}: {rewritten[:3]}"
+            added.setdefault(path, []).extend(plus)
+            total += len(plus)
+    assert total <= UPSTREAM_LINES_BUDGET, f"the series adds {total} lines inside upstream files (budget {UPSTREAM_LINES_BUDGET})"

@@ -124,9 +124,25 @@ def add_own_files(tree: Path, files: list[Path], patches: Path) -> None:
 
 
 def read_series(patches: Path) -> list[Path]:
+    """The series' patches in order; names are paths under patches/ (fixes/x.patch)."""
     series = patches / "series"
     names = [l.strip() for l in series.read_text().splitlines() if l.strip() and not l.startswith("#")]
-    return [patches / n for n in names]
+    out = []
+    for n in names:
+        p = SeriesPatch(patches / n)
+        p.series_name = n
+        out.append(p)
+    return out
+
+
+class SeriesPatch(type(Path())):
+    """A patch of the series: a path that also knows the name the series gives it (its path
+    under patches/, e.g. fixes/server-malformed-json-is-a-400.patch: the folder is its group)."""
+    series_name: str
+
+
+def series_name(p: Path) -> str:
+    return getattr(p, "series_name", p.name)
 
 
 def series_sha256(series: list[Path], files: list[Path], patches: Path | None) -> str:
@@ -146,13 +162,13 @@ def series_sha256(series: list[Path], files: list[Path], patches: Path | None) -
 def apply_patches(tree: Path, series: list[Path]) -> None:
     for p in series:
         if not p.exists():
-            raise PrepareError(f"patches/series names {p.name}, which does not exist")
+            raise PrepareError(f"patches/series names {series_name(p)}, which does not exist")
         base = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(tree), "-i", str(p)]
         dry = subprocess.run(base + ["--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if dry.returncode != 0:
-            raise PrepareError(f"patch {p.name} does not apply to the pinned source:\n{dry.stdout}")
+            raise PrepareError(f"patch {series_name(p)} does not apply to the pinned source:\n{dry.stdout}")
         subprocess.run(base + ["--quiet"], check=True)
-        print(f"deepseek-cpu: applied {p.name}", flush=True)
+        print(f"deepseek-cpu: applied {series_name(p)}", flush=True)
 
 
 def load_pin() -> dict:
@@ -185,10 +201,10 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
     series = read_series(patches) if patches is not None else []
     files = own_files(patches) if patches is not None else []
     sdist = locate_sdist(pin)
-    stamp_data = {"sha256": pin["sha256"], "patches": {p.name: sha256_of(p) for p in series if p.exists()},
+    stamp_data = {"sha256": pin["sha256"], "patches": {series_name(p): sha256_of(p) for p in series if p.exists()},
                   "files": {str(f.relative_to(patches)): sha256_of(f) for f in files}}
     stamp = dest / ".deepseek-cpu-stamp.json"
-    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [p.name for p in series],
+    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [series_name(p) for p in series],
             "series_sha256": series_sha256(series, files, patches)}
     if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
         return info

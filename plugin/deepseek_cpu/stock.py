@@ -35,8 +35,10 @@ def _prepare_module():
     try:
         from .vendor import prepare
     except ImportError as e:
-        raise StockBuildError(f"deepseek_cpu.vendor.prepare is not available ({e}); "
-                              "reinstall deepseek-cpu to build stock llama.cpp") from None
+        # a source checkout on PYTHONPATH (plugin/) has no vendor/: that lives at the repository root
+        raise StockBuildError(f"deepseek_cpu.vendor.prepare is not available ({e}); build stock llama.cpp "
+                              "from an installed deepseek-cpu (not a source checkout on PYTHONPATH), "
+                              "or give `bench` a --stock-lib") from None
     return prepare
 
 
@@ -84,7 +86,7 @@ TARGETS = ["llama", "ggml", "ggml-base", "ggml-cpu"]
 
 # On a CPU with AMX, -march=native compiles llama.cpp's AMX buffer type, and at this commit the
 # stock library then aborts on any DeepSeek-V2 model (the scheduler cannot place MLA's attn_k_b
-# product) and, past that, crashes in ldtilecfg (llama.cpp #20824); our patch 0057 drops that buffer.
+# product) and, past that, crashes in ldtilecfg (llama.cpp #20824); our fixes/ggml-cpu-no-amx-extra-buffer.patch drops that buffer.
 # A comparison needs a stock library that runs, so there it is built for the same instruction set
 # extensions named one by one (GGML_NATIVE=OFF), without AMX: /proc/cpuinfo flag -> ggml switch.
 X86_SWITCHES = [

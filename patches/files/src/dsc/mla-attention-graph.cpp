@@ -1,0 +1,148 @@
+// deepseek-cpu: MLA attention graphs for DeepSeek's latent KV cache (llm_graph_context members
+// declared in llama-graph.h; deepseek2.cpp calls build_attn_mla): prefill through K/V decompressed
+// from the cache into f32 flash attention, decode in the absorbed form.
+
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-model.h"
+#include "llama-cparams.h"
+#include "llama-kv-cache.h"
+
+#include <cstdlib>
+
+// deepseek-cpu: flash attention reads an f16 mask; one cast per graph serves every layer
+ggml_tensor * llm_graph_context::dsc_kq_mask_as_f16(ggml_tensor * kq_mask) const {
+    if (dsc_kq_mask_f16_src != kq_mask) {
+        dsc_kq_mask_f16     = kq_mask->type == GGML_TYPE_F16 ? kq_mask : ggml_cast(ctx0, kq_mask, GGML_TYPE_F16);
+        dsc_kq_mask_f16_src = kq_mask;
+        cb(dsc_kq_mask_f16, "kq_mask_f16", -1);
+    }
+    return dsc_kq_mask_f16;
+}
+
+// deepseek-cpu: see llama-graph.h. Multiply-adds per layer, with r = kv_lora_rank, H heads, T tokens,
+// n_kv cached tokens: absorbed  T*H*r*(dn + dv) + T*n_kv*H*(2r + n_rot)
+//                     MHA       n_kv*H*r*(dn + dv) + T*n_kv*H*(dn + n_rot + dv)
+// For a 512-token prefill of DeepSeek-V2-Lite that is 5.6 G vs 2.4 G per layer; for one decoded token
+// the absorbed form is far cheaper. DEEPSEEK_CPU_MLA_MHA=0 / =1 forces either form.
+ggml_tensor * llm_graph_context::build_attn_mla(
+        llm_graph_input_attn_k * inp,
+        ggml_tensor * wo,
+        ggml_tensor * wo_b,
+        ggml_tensor * wo_s,
+        ggml_tensor * q_absorbed,
+        ggml_tensor * q_nope,
+        ggml_tensor * q_pe,
+        ggml_tensor * k_cur,
+        ggml_tensor * v_cur,
+        ggml_tensor * wk_b,
+        ggml_tensor * wv_b,
+            float     kq_scale,
+            int       il) const {
+    const auto * mctx_cur = inp->mctx;
+
+    ggml_tensor * k = mctx_cur->get_k(ctx0, il);
+
+    const int64_t r    = wv_b->ne[0];
+    const int64_t dn   = wk_b->ne[0];
+    const int64_t dv   = wv_b->ne[1];
+    const int64_t H    = wk_b->ne[2];
+    const int64_t dr   = k->ne[0] - r;
+    const int64_t T    = q_absorbed->ne[2];
+    const int64_t n_kv = k->ne[2];
+
+    // the decompressed path needs one stream and a cache type ggml_cast can read. It attends with f32 K/V
+    // through flash attention itself (below), so it serves flash_attn = on as well: there, the absorbed
+    // form would run the 576/512-wide heads through the generic flash-attention kernel on the f16 cache
+    const bool can_mha = k->ne[1] == 1 && k->ne[3] == 1 &&
+                         (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_BF16) &&
+                         wk_b->ne[1] == r && wv_b->ne[2] == H && q_nope->ne[0] == dn && q_pe->ne[0] == dr;
+    const double cost_mqa = (double) T*H*r*(dn + dv) + (double) T*n_kv*H*(2*r + dr);
+    const double cost_mha = (double) n_kv*H*r*(dn + dv) + (double) T*n_kv*H*(dn + dr + dv);
+    // the decompression runs in f32 and adds casts and copies: ask for a clear win
+    bool use_mha = can_mha && cost_mha < 0.75*cost_mqa;
+    if (const char * env = getenv("DEEPSEEK_CPU_MLA_MHA"); env && *env && can_mha) {
+        use_mha = atoi(env) != 0;
+    }
+
+    if (!use_mha) {
+        return build_attn(inp, wo, wo_b, wo_s, q_absorbed, k_cur, v_cur, nullptr, nullptr, wv_b, kq_scale, il);
+    }
+
+    // K, V and q are f32 here, so ggml's tiled CPU flash attention runs f32 GEMM tiles with an online
+    // softmax and skips the KV tiles the causal mask hides: about half the work of the full T x n_kv
+    // products of a fresh prefill, and no [n_kv, T, H] score tensor. DEEPSEEK_CPU_MLA_FA=0 attends through
+    // the separate KQ / softmax / KQV products instead.
+    bool use_fa = true;
+    if (const char * env = getenv("DEEPSEEK_CPU_MLA_FA"); env && *env) {
+        use_fa = atoi(env) != 0;
+    }
+
+    ggml_tensor * q_cur = ggml_concat(ctx0, q_nope, q_pe, 0);             // [dn + dr, H, T]
+    if (!use_fa) {
+        // stored head-major, so that the per-head view build_attn_mha takes is contiguous: an f32 KQ
+        // product then goes to tinyBLAS instead of one vec_dot_f32 per element (flash attention reads
+        // the rows where they are)
+        q_cur = ggml_cont(ctx0, ggml_permute(ctx0, q_cur, 0, 2, 1, 3));   // [dn + dr, T, H]
+        q_cur = ggml_permute(ctx0, q_cur, 0, 2, 1, 3);                    // [dn + dr, H, T] view
+    }
+    cb(q_cur, "q_mha", il);
+
+    // these nodes are added to the graph together so that they are not reordered (as in build_attn)
+    ggml_build_forward_expand(gf, q_cur);
+    ggml_build_forward_expand(gf, v_cur);
+    ggml_build_forward_expand(gf, k_cur);
+
+    // store to KV cache
+    {
+        const auto & k_idxs = inp->get_k_idxs();
+
+        ggml_build_forward_expand(gf, mctx_cur->cpy_k(ctx0, k_cur, k_idxs, il));
+    }
+
+    // latent part [r, n_kv] and rope part [dr, 1, n_kv] of the cached rows, in f32
+    ggml_tensor * c = ggml_cast(ctx0, ggml_view_2d(ctx0, k, r, n_kv, k->nb[2], 0), GGML_TYPE_F32);
+    cb(c, "mla_latent_f32", il);
+    ggml_tensor * k_pe = ggml_cast(ctx0, ggml_view_3d(ctx0, k, dr, 1, n_kv, k->nb[1], k->nb[2], ggml_row_size(k->type, r)), GGML_TYPE_F32);
+    cb(k_pe, "mla_k_pe_f32", il);
+
+    // k_nope[h] = wk_b[h] c: wk_b contracts over its dim 0 (dn), so use its per-head transpose
+    // [r, dn, H] (dequantized, ~1M values per layer) as one [r, dn*H] matrix
+    ggml_tensor * wk_b_t = ggml_cont(ctx0, ggml_transpose(ctx0, ggml_cast(ctx0, wk_b, GGML_TYPE_F32)));
+    ggml_tensor * k_nope = ggml_mul_mat(ctx0, ggml_reshape_2d(ctx0, wk_b_t, r, dn*H), c); // [dn*H, n_kv]
+    k_nope = ggml_reshape_3d(ctx0, k_nope, dn, H, n_kv);
+    cb(k_nope, "mla_k_nope", il);
+
+    ggml_tensor * k_mha = ggml_concat(ctx0, k_nope, ggml_repeat_4d(ctx0, k_pe, dr, H, n_kv, 1), 0); // [dn + dr, H, n_kv]
+    cb(k_mha, "k_mha", il);
+
+    ggml_tensor * v_mha = ggml_mul_mat(ctx0, ggml_reshape_2d(ctx0, wv_b, r, dv*H), c); // [dv*H, n_kv]
+    v_mha = ggml_reshape_3d(ctx0, v_mha, dv, H, n_kv);
+    cb(v_mha, "v_mha", il);
+
+    ggml_tensor * cur = nullptr;
+    if (use_fa) {
+        ggml_tensor * kq_mask_f16 = dsc_kq_mask_as_f16(inp->get_kq_mask());
+
+        cur = ggml_flash_attn_ext(ctx0,
+                ggml_permute(ctx0, q_cur, 0, 2, 1, 3),   // [dn + dr, T,    H]
+                ggml_permute(ctx0, k_mha, 0, 2, 1, 3),   // [dn + dr, n_kv, H]
+                ggml_permute(ctx0, v_mha, 0, 2, 1, 3),   // [dv,      n_kv, H]
+                kq_mask_f16, kq_scale, hparams.f_max_alibi_bias, 0.0f);
+        ggml_prec_set_acc(cur, GGML_PREC_F32);
+        cur = ggml_reshape_2d(ctx0, cur, dv*H, T);       // [dv, H, T] -> [dv*H, T]
+    } else {
+        cur = build_attn_mha(q_cur, k_mha, v_mha, nullptr, inp->get_kq_mask(), nullptr, nullptr, 0, kq_scale, il);
+    }
+    cb(cur, "kqv_out", il);
+
+    if (wo) {
+        cur = build_lora_mm(wo, cur, wo_s);
+    }
+
+    if (wo_b) {
+        cur = ggml_add(ctx0, cur, wo_b);
+    }
+
+    return cur;
+}

@@ -1,6 +1,6 @@
 """Peak memory of `deepseek-cpu convert` on a multi-GB synthetic DeepSeek checkpoint.
 
-    PYTHONPATH=plugin python benchmarks/convert_memory.py --layers 3 6 --outtype bf16
+    python benchmarks/convert_memory.py --layers 3 6 --outtype bf16   # with the package installed
 
 For each layer count, writes a random checkpoint in the layout DeepSeek publishes
 (config.json in the original form, bf16 per-expert tensors in ~1 GB safetensors shards

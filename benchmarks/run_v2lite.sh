@@ -7,8 +7,8 @@
 #
 # Environment: OUT (results dir, default benchmarks/results), LAYERS (default: all 27),
 # QUANTS (default "q4_0 q4_k_m"), THREADS (2), REPEAT (3), PP (512), TG (128), DEPTH (4096),
-# DSC ("python -m deepseek_cpu", run from the repository root with PYTHONPATH=plugin, or
-# "deepseek-cpu" for an installed package), EXTRA (more `bench` options, e.g. "--flash-attn on").
+# DSC (default "deepseek-cpu": the installed package, `pip install .` first),
+# EXTRA (more `bench` options, e.g. "--flash-attn on").
 # The first --compare-stock builds stock llama.cpp once into ~/.cache/deepseek-cpu (minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +20,7 @@ TG=${TG:-128}
 DEPTH=${DEPTH:-4096}
 QUANTS=${QUANTS:-"q4_0 q4_k_m"}
 EXTRA=${EXTRA:-}
-export PYTHONPATH=plugin${PYTHONPATH:+:$PYTHONPATH}
-DSC=${DSC:-"python -m deepseek_cpu"}
+DSC=${DSC:-"deepseek-cpu"}
 mkdir -p "$OUT"
 layers_opt=""
 tag="v2-lite"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 
 def free_port() -> int:
@@ -89,13 +87,9 @@ def main() -> int:
            "--parallel", str(max(a.clients)), "--ctx", str(a.ctx)]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
-    env = dict(os.environ)
-    src = Path(__file__).resolve().parent.parent / "plugin"
-    if (src / "deepseek_cpu").is_dir():
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the installed package (`pip install .` first)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        sys.path.insert(0, str(src))
         from deepseek_cpu.serve import wait_ready
         if not wait_ready(url, proc, timeout=600):
             print("server did not start", file=sys.stderr)

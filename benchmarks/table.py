@@ -8,10 +8,7 @@ ours/stock (speed: >1 is faster; time and memory: <1 is better).
 """
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugin"))
 
 COLS = [("pp_tok_s", "pp{pp} tok/s"), ("fill_tok_s", "prefill 0..{depth} tok/s"), ("tg_tok_s", "decode tok/s (after {pp})"),
         ("tg_depth_tok_s", "decode tok/s (at {depth})"), ("ttft_s", "TTFT s ({pp} tok)"),

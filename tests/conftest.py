@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures"
-CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "reference.npz").exists()) if FIXTURES.exists() else []
+from fixture_paths import FIXTURES, REPO, checkpoint_names, fixture_dir  # noqa: F401 (re-exported)
+
+# a fixture's files: fixture_dir(name), never FIXTURES / name (v2_group is package data)
+CHECKPOINTS = checkpoint_names()
 
 # the test suite runs on 2-core machines; keep llama.cpp from oversubscribing
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -23,7 +24,7 @@ def converted(tmp_path_factory):
     def get(name: str, outtype: str = "f32") -> Path:
         key = (name, outtype)
         if key not in cache:
-            cache[key] = convert(FIXTURES / name, out_dir / f"{name}-{outtype}.gguf", outtype=outtype, progress=False)
+            cache[key] = convert(fixture_dir(name), out_dir / f"{name}-{outtype}.gguf", outtype=outtype, progress=False)
         return cache[key]
     return get
 

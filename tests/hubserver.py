@@ -26,7 +26,7 @@ As on huggingface.co (what `get_hf_file_metadata` and `http_get` are written aga
 Errors carry the hub's `X-Error-Code` header (RepoNotFound, RevisionNotFound,
 EntryNotFound, GatedRepo), which huggingface_hub turns into its typed exceptions.
 
-    with HubServer({"org/tiny": Path("tests/fixtures/v2_group")}) as hub:
+    with HubServer({"org/tiny": fixture_dir("v2_group")}) as hub:  # conftest.fixture_dir
         os.environ["HF_ENDPOINT"] = hub.url
         hub.gated["org/tiny"] = "secret"      # requests need `Authorization: Bearer secret`
         hub.cut_once["model-00001-of-00002.safetensors"] = 1000  # drop the connection once

@@ -22,13 +22,9 @@ def tiny_model(tmp_path_factory):
 
 def test_bench_smoke_json(tiny_model, tmp_path):
     out = tmp_path / "bench.json"
-    env_path = str(REPO / "plugin")
-    import os
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([env_path] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     p = subprocess.run([sys.executable, "-m", "deepseek_cpu", "bench", str(tiny_model), "--pp", "16", "--tg", "4",
                         "--ctx-depth", "32", "--repeat", "1", "--threads", "2", "--json", str(out)],
-                       capture_output=True, text=True, timeout=900, env=env)
+                       capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["schema"] == bench.SCHEMA

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import CHECKPOINTS, FIXTURES, REPO
+from conftest import CHECKPOINTS, FIXTURES, REPO, fixture_dir
 
 from deepseek_cpu import plugins
 from deepseek_cpu.convert import convert
@@ -31,7 +31,7 @@ SHARD2 = "model-00002-of-00002.safetensors"
 
 def copy_fixture(dest: Path, name: str = SMALL) -> Path:
     """A private copy of a fixture checkpoint (without the reference logits)."""
-    shutil.copytree(FIXTURES / name, dest, ignore=shutil.ignore_patterns("reference.npz"))
+    shutil.copytree(fixture_dir(name), dest, ignore=shutil.ignore_patterns("reference.npz"))
     return dest
 
 
@@ -115,8 +115,8 @@ def test_tensor_table_is_the_fixture_checkpoints(name):
     which transformers' save_pretrained confirmed."""
     from deepseek_cpu.converters.checkpoint import Checkpoint
     from deepseek_cpu.converters.deepseek import checkpoint_tensors
-    cfg = json.loads((FIXTURES / name / "config.json").read_text())
-    ck = Checkpoint(FIXTURES / name)
+    cfg = json.loads((fixture_dir(name) / "config.json").read_text())
+    ck = Checkpoint(fixture_dir(name))
     try:
         real = {n: ck.shape(n) for n in ck.names()}
     finally:
@@ -133,7 +133,7 @@ def test_tensor_table_optional_tensors(tmp_path, out_dir):
     import gguf
 
     from deepseek_cpu.converters.deepseek import checkpoint_tensors, tensor_table
-    cfg = json.loads((FIXTURES / SMALL / "config.json").read_text())
+    cfg = json.loads((fixture_dir(SMALL) / "config.json").read_text())
     tied = {**cfg, "tie_word_embeddings": True}
     assert "lm_head.weight" in checkpoint_tensors(cfg) and "lm_head.weight" not in checkpoint_tensors(tied)
     assert "lm_head.weight" in checkpoint_tensors(tied, optional=True)
@@ -461,8 +461,8 @@ T5_NAMES = sorted(p.name.removesuffix(".config.json") for p in T5.glob("*.config
 
 
 def _t5_copy(tmp_path, name, drop_legacy_type=False) -> Path:
-    # same directory name as the original, so general.name is the same too
-    model = copy_fixture(tmp_path / "t5" / name, name)
+    # same directory name as the original (v2_group's is tiny-deepseek-v2), so general.name is the same too
+    model = copy_fixture(tmp_path / "t5" / fixture_dir(name).name, name)
     cfg = json.loads((T5 / f"{name}.config.json").read_text())
     assert "rope_parameters" in cfg and "rope_scaling" not in cfg and "rope_theta" not in cfg
     if drop_legacy_type:
@@ -499,7 +499,7 @@ def test_transformers5_config_logits(tmp_path, name):
     from test_parity import TOL, engine_logits, rel_errors
     model = _t5_copy(tmp_path, name)
     out = convert(model, tmp_path / f"{name}-t5.gguf", outtype="f32", progress=False)
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     err = rel_errors(engine_logits(out, ref["tokens"]), ref["logits"])
     assert err.max() <= TOL, f"{name}: max relative error {err.max():.3g}"
 
@@ -544,7 +544,7 @@ def test_checkpoint_f32_in_pieces_is_exact(monkeypatch):
     """Checkpoint.f32 widens big tensors piece by piece (dropping mapped pages as it goes);
     the result must be the plain widening, for bf16 and f32 tensors, whatever the piece size."""
     from deepseek_cpu.converters import checkpoint as ck_mod
-    ck = ck_mod.Checkpoint(FIXTURES / "v3_noaux")
+    ck = ck_mod.Checkpoint(fixture_dir("v3_noaux"))
     dtypes = set()
     for chunk in (64, 1000, 1 << 30):
         monkeypatch.setattr(ck_mod, "READ_CHUNK", chunk)
@@ -563,7 +563,7 @@ def test_name_option_sets_general_name(tmp_path):
     from click.testing import CliRunner
     from deepseek_cpu.cli import cli
     out = tmp_path / "named.gguf"
-    res = CliRunner().invoke(cli, ["convert", str(FIXTURES / "v2_greedy"), str(out), "--outtype", "f32",
+    res = CliRunner().invoke(cli, ["convert", str(fixture_dir("v2_greedy")), str(out), "--outtype", "f32",
                                    "--quiet", "--name", "deepseek-ai/DeepSeek-V2-Lite-Chat"])
     assert res.exit_code == 0, res.output
     assert gguf.GGUFReader(out).get_field("general.name").contents() == "DeepSeek-V2-Lite-Chat"
@@ -577,7 +577,7 @@ def test_package_level_convert_is_callable_in_any_import_order(tmp_path):
             "p = convert(sys.argv[1], sys.argv[2], outtype='f32', progress=False)\n"
             "print(p)\n")
     out = tmp_path / "m.gguf"
-    r = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "v2_greedy"), str(out)],
+    r = subprocess.run([sys.executable, "-c", code, str(fixture_dir("v2_greedy")), str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert out.is_file() and r.stdout.strip() == str(out)

@@ -118,11 +118,11 @@ def test_v2_lite_shape_with_other_layer_count_loads(converted):
     """Stock fails with "key not found in model: deepseek2.attention.q_lora_rank"; ours loads it
     and computes transformers' logits (reference.npz), as test_parity does for every fixture."""
     import json
-    from conftest import FIXTURES
+    from conftest import fixture_dir
     from test_parity import TOL, engine_logits, rel_errors
-    cfg = json.loads((FIXTURES / "v2_lite" / "config.json").read_text())
+    cfg = json.loads((fixture_dir("v2_lite") / "config.json").read_text())
     assert cfg["q_lora_rank"] is None and cfg["num_hidden_layers"] not in (26, 27)
-    ref = np.load(FIXTURES / "v2_lite" / "reference.npz")
+    ref = np.load(fixture_dir("v2_lite") / "reference.npz")
     got = engine_logits(converted("v2_lite", "f32"), ref["tokens"])
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"max relative error {err.max():.3g} at position {err.argmax()}"
@@ -130,7 +130,7 @@ def test_v2_lite_shape_with_other_layer_count_loads(converted):
 
 
 def test_op_profile_reports_where_graph_time_went(converted):
-    """DEEPSEEK_CPU_OP_PROFILE=1 (patch 0040): at exit, a table of graph time by op and weight, the
+    """DEEPSEEK_CPU_OP_PROFILE=1 (dsc/op-profile.c): at exit, a table of graph time by op and weight, the
     weight's layers summed; unset, nothing is printed."""
     code = ("from deepseek_cpu import Llama\n"
             f"llm = Llama({str(converted('v2_greedy', 'f32'))!r}, n_ctx=64, n_threads=2, verbose=False)\n"
@@ -142,7 +142,7 @@ def test_op_profile_reports_where_graph_time_went(converted):
     rows = [l.split() for l in table[1:] if l.strip().endswith("]")]
     shares = [float(row[0].rstrip("%")) for row in rows]
     assert abs(sum(shares) - 100) < 0.5 and shares == sorted(shares, reverse=True)
-    # per call: the node's time to the end of the barrier after it, and thread 0's own part (patch 0054)
+    # per call: the node's time to the end of the barrier after it, and thread 0's own part
     assert all(row[7] == "(own" and 0 <= float(row[8].rstrip(")")) <= float(row[5]) + 0.05 for row in rows), rows
     # the prompt's and the decoded token's products are separate rows, summed over layers
     keys = [" ".join(row[9:]) for row in rows]
@@ -187,8 +187,8 @@ def moe_model(tmp_path_factory):
 
 def test_decode_is_deterministic_and_thread_count_invariant(moe_model, tmp_path):
     """Greedy decoding gives the same logits, bit for bit, on every run and with 1 or 2 threads.
-    300 cached tokens are 5 key blocks of the one-token MLA attention kernel (0044): when each thread
-    folded the blocks it happened to take into its own partial (0044-0061), the float sums depended on
+    300 cached tokens are 5 key blocks of the one-token MLA attention kernel (dsc/mla-attention.cpp): when each thread
+    folded the blocks it happened to take into its own partial (until 2026-12-02), the float sums depended on
     timing, logits moved by ~1e-6 between runs, and greedy outputs of a real model could fork."""
     got = {}
     for name, nt in (("t2a", 2), ("t2b", 2), ("t1", 1)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, run_python
+from conftest import FIXTURES, fixture_dir, run_python
 
 # A source checkout on PYTHONPATH has no lib/: use the installed engine, like engine.lib_dir() says.
 _INSTALLED_LIB = Path(sysconfig.get_paths()["purelib"]) / "deepseek_cpu" / "lib"
@@ -34,7 +34,7 @@ def _logits(llm, tokens):
 
 
 # --------------------------------------------------------------------------------------------
-# YaRN: wrappers pass rope_freq_scale=1.0, rope_freq_base=10000 (patch 0005)
+# YaRN: wrappers pass rope_freq_scale=1.0, rope_freq_base=10000 (fixes/yarn-keep-model-rope-for-wrapper-defaults.patch)
 # --------------------------------------------------------------------------------------------
 
 WRAPPER_ROPE = {"rope_freq_scale": 1.0, "rope_freq_base": 10000.0}
@@ -44,7 +44,7 @@ WRAPPER_ROPE = {"rope_freq_scale": 1.0, "rope_freq_base": 10000.0}
 def test_wrapper_rope_defaults_keep_the_models_yarn(converted, name):
     """llama_cpp.Llama with the values LangChain always passes gives transformers' logits."""
     import llama_cpp
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     llm = llama_cpp.Llama(str(converted(name, "f32")), n_ctx=128, n_batch=128, logits_all=True, n_threads=2,
                           type_k=0, type_v=0, flash_attn=False, verbose=False, **WRAPPER_ROPE)
     got = _logits(llm, ref["tokens"])
@@ -72,7 +72,7 @@ def test_override_can_still_be_forced(converted, how):
     """DEEPSEEK_CPU_FORCE_ROPE=1, or an explicit rope_scaling_type, keeps the caller's values
     (and then the logits are those of an unscaled model: far from the reference)."""
     name = "v2_group"
-    path, ref = str(converted(name, "f32")), str(FIXTURES / name / "reference.npz")
+    path, ref = str(converted(name, "f32")), str(fixture_dir(name) / "reference.npz")
     extra = ", rope_scaling_type=llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN" if how == "rope_scaling_type" else ""
     env = {"DEEPSEEK_CPU_FORCE_ROPE": "1"} if how == "env" else {}
     r = run_python(FORCED_CODE.format(path=path, ref=ref, extra=extra), env_extra=env, unset=["DEEPSEEK_CPU_FORCE_ROPE"])
@@ -211,7 +211,7 @@ def test_chat_template_matches_transformers(chat_models, name, i):
     case = CHAT["cases"][name][i]
     llm = chat_models[name]
     assert llm.chat_format == "chat_template.default"
-    tmpl = json.loads((FIXTURES / name / "tokenizer_config.json").read_text())["chat_template"]
+    tmpl = json.loads((fixture_dir(name) / "tokenizer_config.json").read_text())["chat_template"]
     assert llm.metadata["tokenizer.chat_template"] == tmpl
     if case["add_generation_prompt"]:  # what create_chat_completion always asks for
         ids = _formatted_prompt(llm, case["messages"])
@@ -319,7 +319,7 @@ LOAD_VERBOSE = "{imp}; import llama_cpp; llama_cpp.Llama({path!r}, n_ctx=64, n_t
 @pytest.mark.parametrize("imp", ["import deepseek_cpu.llama", "pass"])
 def test_verbose_load_prints_no_traceback(converted, name, imp):
     """verbose=True prints the GGUF metadata, whose token lists hold DeepSeek's full-width
-    special tokens; neither plain llama_cpp (engine patch 0006) nor our Llama (safe
+    special tokens; neither plain llama_cpp (fixes/loader-utf8-safe-metadata-truncation.patch) nor our Llama (safe
     callback) may print a UnicodeDecodeError traceback."""
     r = run_python(LOAD_VERBOSE.format(imp=imp, path=str(converted(name, "f32"))))
     assert r.returncode == 0, r.stderr[-2000:]

@@ -54,7 +54,7 @@ def test_quantize_fns():
     # quantization types users run, plus attention over MLA's 576/512 head sizes
     ("MUL_MAT", "type_a=(q4_0|q5_0|q8_0|q4_K|q6_K|bf16|f16|f32),type_b=f32"),
     # (MUL_MAT_ID over q8_0/q4_K as well takes minutes of CPU; q4_0 goes through the
-    # repacked expert kernels, q5_0's single-token experts through patch 0043's GEMV)
+    # repacked expert kernels, q5_0's single-token experts through our q5_0 GEMV)
     ("MUL_MAT_ID", "type_a=(q4_0|q5_0),type_b=f32"),
     ("FLASH_ATTN_EXT", "hsk=576,hsv=512"),
 ])
@@ -68,8 +68,8 @@ def test_backend_ops(ops, params):
 
 def test_repack_ops():
     """Repacked (CPU_REPACK) MUL_MAT / MUL_MAT_ID against a plain CPU buffer: the kernels
-    patch 0009 rewrites. test-backend-ops never puts weights in the repack buffer; this
-    test program (added by patch 0009) does."""
+    our files under patches/files/ rewrite. test-backend-ops never puts weights in the repack buffer; this
+    test program (ours: patches/files/tests/test-repack-ops.cpp) does."""
     r = run([program("test-repack-ops")])
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]

@@ -8,7 +8,7 @@ We convert to an f32 GGUF, run with an f32 KV cache, and compare every position.
 import numpy as np
 import pytest
 
-from conftest import CHECKPOINTS, FIXTURES
+from conftest import CHECKPOINTS, fixture_dir
 
 TOL = 1e-4
 
@@ -29,7 +29,7 @@ def rel_errors(got, ref):
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_logits_match_transformers(converted, name):
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     got = engine_logits(converted(name, "f32"), ref["tokens"])
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"{name}: max relative error {err.max():.3g} at position {err.argmax()} (per position: {np.round(err, 6)})"
@@ -40,8 +40,8 @@ def test_logits_match_transformers(converted, name):
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_token_by_token_decode_matches_transformers(converted, name):
     """One token per llama_decode, as in generation: MLA's single-token attention path
-    (patch 0012 runs it as one matrix product over all heads) against the oracle."""
-    ref = np.load(FIXTURES / name / "reference.npz")
+    (our graph runs it as one matrix product over all heads) against the oracle."""
+    ref = np.load(fixture_dir(name) / "reference.npz")
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=1)
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"{name}: max relative error {err.max():.3g} at position {err.argmax()}"
@@ -52,18 +52,18 @@ def test_token_by_token_decode_matches_transformers(converted, name):
 @pytest.mark.parametrize("form", ["absorbed", "decompressed"])
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_both_mla_attention_forms_match_transformers(converted, monkeypatch, name, form, n_batch):
-    """Patch 0016 attends through K/V decompressed from the latent cache when that is cheaper
+    """The MLA graph (src/dsc/mla-attention-graph.cpp) attends through K/V decompressed from the latent cache when that is cheaper
     (prefill) and in the absorbed form otherwise (decode); the engine picks by cost, so the
     tiny fixtures would exercise only one. DEEPSEEK_CPU_MLA_MHA forces each form here."""
     monkeypatch.setenv("DEEPSEEK_CPU_MLA_MHA", "1" if form == "decompressed" else "0")
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch)
     err = rel_errors(got, ref["logits"])
     assert err.max() <= TOL, f"{name} ({form}): max relative error {err.max():.3g} at position {err.argmax()}"
     assert (got.argmax(1) == ref["logits"].argmax(1)).all()
 
 
-LONG = [n for n in CHECKPOINTS if (FIXTURES / n / "reference_long.npz").exists()]
+LONG = [n for n in CHECKPOINTS if (fixture_dir(n) / "reference_long.npz").exists()]
 ATTENTION = {  # environment that forces each of the engine's attention paths for a batch
     "absorbed": {"DEEPSEEK_CPU_MLA_MHA": "0"},
     "decompressed_flash_tiles": {"DEEPSEEK_CPU_MLA_MHA": "1", "DEEPSEEK_CPU_MLA_FA": "1"},
@@ -75,14 +75,14 @@ ATTENTION = {  # environment that forces each of the engine's attention paths fo
 @pytest.mark.parametrize("attn", sorted(ATTENTION))
 @pytest.mark.parametrize("name", LONG)
 def test_long_prefill_matches_transformers(converted, monkeypatch, name, attn, n_batch):
-    """Patch 0021 prefills through flash attention in 64-query x 64-key tiles, skipping the tiles
+    """The MLA graph prefills through flash attention in 64-query x 64-key tiles, skipping the tiles
     the causal mask hides; 160 tokens span full, partial and skipped tiles. In batches of 100 the
-    second batch (60 queries) attends to cached keys. On x86, 0022's kernel runs both batches
+    second batch (60 queries) attends to cached keys. On x86, our tiled kernel (dsc/flash-attn-f32.cpp) runs both batches
     (from 16 queries); elsewhere ggml's tiled kernel runs >= 64 queries and its untiled one the
     rest. reference_long.npz: tests/fixtures/make_long_reference.py."""
     for k, v in ATTENTION[attn].items():
         monkeypatch.setenv(k, v)
-    ref = np.load(FIXTURES / name / "reference_long.npz")
+    ref = np.load(fixture_dir(name) / "reference_long.npz")
     assert len(ref["tokens"]) > 2 * 64
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch, n_ctx=256)
     err = rel_errors(got, ref["logits"])
@@ -94,15 +94,15 @@ def test_long_prefill_matches_transformers(converted, monkeypatch, name, attn, n
 @pytest.mark.parametrize("form", ["absorbed", "decompressed"])
 @pytest.mark.parametrize("name", LONG)
 def test_flash_attn_on_matches_transformers(converted, monkeypatch, name, form, n_batch):
-    """flash_attn=True (f32 cache): since patch 0041 a prefill batch still takes the decompressed
-    form, which attends through 0021/0022's f32 flash attention; single tokens take the absorbed
+    """flash_attn=True (f32 cache): a prefill batch still takes the decompressed
+    form, which attends through the tiled f32 flash attention; single tokens take the absorbed
     form through flash attention over the latent cache. Both forms are forced here, in batches of
     100 (the second batch attends to cached keys) and token by token. A single token in the
-    absorbed form runs patch 0044's one-query kernel on the f32 cache as it is (5.8e-7 here; ggml's
+    absorbed form runs our one-query kernel (dsc/mla-attention.cpp) on the f32 cache as it is (5.8e-7 here; ggml's
     own kernel on a cache cast to f16 was 4.7e-4 off, as on stock 0.3.36). Batches in the absorbed
     form still run ggml's own kernel, which we do not change, hence their looser bound."""
     monkeypatch.setenv("DEEPSEEK_CPU_MLA_MHA", "1" if form == "decompressed" else "0")
-    ref = np.load(FIXTURES / name / "reference_long.npz")
+    ref = np.load(fixture_dir(name) / "reference_long.npz")
     got = engine_logits(converted(name, "f32"), ref["tokens"], n_batch=n_batch, n_ctx=256, flash_attn=True)
     err = rel_errors(got, ref["logits"])
     tol = TOL if form == "decompressed" or n_batch == 1 else 1e-3
@@ -112,7 +112,7 @@ def test_flash_attn_on_matches_transformers(converted, monkeypatch, name, form, 
 
 def test_fixtures_cover_the_cases_the_patches_fix():
     import json
-    cfgs = {n: json.loads((FIXTURES / n / "config.json").read_text()) for n in CHECKPOINTS}
+    cfgs = {n: json.loads((fixture_dir(n) / "config.json").read_text()) for n in CHECKPOINTS}
     assert any(c.get("topk_method") == "group_limited_greedy" and c["n_group"] > c["topk_group"] > 0 for c in cfgs.values())
     assert any(c.get("q_lora_rank") is None and c["num_hidden_layers"] not in (26, 27) for c in cfgs.values())
     assert any((c.get("rope_scaling") or {}).get("type") == "yarn" for c in cfgs.values())
@@ -143,7 +143,7 @@ def test_every_outtype_is_loaded_and_used_by_the_engine(converted, name, outtype
     llama_cpp.llama_model_desc(llm.model, desc, len(desc))
     llm.close()
     assert desc.value.decode().split()[-1] == ftype, desc.value
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     got = engine_logits(path, ref["tokens"])
     err = rel_errors(got, ref["logits"])
     assert np.median(err) <= bound, f"{name} {outtype}: median relative error {np.median(err):.3g} (per position {np.round(err, 4)})"
@@ -186,7 +186,7 @@ def test_engine_reads_the_value_the_converter_wrote(converted, tmp_path, name, k
     """The value we write is read and used: with it the engine matches transformers
     (test_logits_match_transformers), with another valid value it does not. A key the
     engine ignored, or read under another name, would give the same logits both ways."""
-    ref = np.load(FIXTURES / name / "reference.npz")
+    ref = np.load(fixture_dir(name) / "reference.npz")
     changed = _with_value(converted(name, "f32"), tmp_path / "changed.gguf", key, other)
     err = rel_errors(engine_logits(changed, ref["tokens"]), ref["logits"])
     assert err.max() > 100 * TOL, f"{key} = {other!r} changed nothing (max relative error {err.max():.3g})"

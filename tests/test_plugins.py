@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO
+from conftest import REPO, fixture_dir
 
 SMALL = "v2_greedy"
 TOY = "TinyToyForCausalLM"
@@ -86,7 +86,7 @@ def plugin_site(tmp_path_factory):
 def toy_checkpoint(tmp_path_factory):
     """v2_greedy renamed to the new architecture (same directory name, so same general.name)."""
     model = tmp_path_factory.mktemp("toy") / SMALL
-    shutil.copytree(FIXTURES / SMALL, model, ignore=shutil.ignore_patterns("reference.npz"))
+    shutil.copytree(fixture_dir(SMALL), model, ignore=shutil.ignore_patterns("reference.npz"))
     cfg = json.loads((model / "config.json").read_text())
     cfg.update(architectures=[TOY], model_type="tinytoy")
     (model / "config.json").write_text(json.dumps(cfg))
@@ -178,7 +178,7 @@ def test_external_plugin_converts_new_architecture(plugin_site, toy_checkpoint, 
 
 def test_plugin_transform_not_applied_to_other_converters(plugin_site, tmp_path, converted):
     out = tmp_path / "v2.gguf"
-    r = cli(["convert", FIXTURES / SMALL, out, "--outtype", "f32", "--quiet"], site=plugin_site)
+    r = cli(["convert", fixture_dir(SMALL), out, "--outtype", "f32", "--quiet"], site=plugin_site)
     assert r.returncode == 0, r.stderr
     _, tensors = _read(out)
     _, ref = _read(converted(SMALL, "f32"))
@@ -197,7 +197,7 @@ def test_new_architecture_unsupported_without_plugin(plugin_site, toy_checkpoint
 
 def test_unsupported_message_lists_plugin_architectures(plugin_site, tmp_path):
     model = tmp_path / "llama"
-    shutil.copytree(FIXTURES / SMALL, model, ignore=shutil.ignore_patterns("reference.npz"))
+    shutil.copytree(fixture_dir(SMALL), model, ignore=shutil.ignore_patterns("reference.npz"))
     cfg = json.loads((model / "config.json").read_text())
     cfg.update(architectures=["LlamaForCausalLM"], model_type="llama")
     (model / "config.json").write_text(json.dumps(cfg))

@@ -1,5 +1,5 @@
 """Portable builds: every x86 CPU variant built, the best one for this CPU chosen at run time,
-reached from a plain `import llama_cpp` (patch 0004; llama-cpp-python#2069).
+reached from a plain `import llama_cpp` (fixes/ggml-find-backends-next-to-libggml.patch; llama-cpp-python#2069).
 
 Builds our CMake project with DEEPSEEK_CPU_PORTABLE=ON (the libraries only), then checks which
 libggml-cpu-*.so a fresh interpreter maps. "Best" is ggml's own verdict: every variant library

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, llama_cpp_source_dir
+from conftest import fixture_dir, llama_cpp_source_dir
 from test_tokenizer import CORPUS, KNOWN_V2_DIVERGENCE, _format_mismatches, fuzz_corpus
 
 tokenizers = pytest.importorskip("tokenizers", reason="HF `tokenizers` (the test extra) is the judge here")
@@ -45,7 +45,7 @@ _BYTELEVEL_AFTER_SPLITS = {"type": "ByteLevel", "add_prefix_space": False, "trim
 
 def _fixture_pre_tokenizer(fixture: str) -> dict:
     # the fixtures carry DeepSeek's published pre_tokenizer verbatim (tests/fixtures/README.md)
-    return json.loads((FIXTURES / fixture / "tokenizer.json").read_text(encoding="utf-8"))["pre_tokenizer"]
+    return json.loads((fixture_dir(fixture) / "tokenizer.json").read_text(encoding="utf-8"))["pre_tokenizer"]
 
 
 # name -> (tiny checkpoint to convert, the pre_tokenizer as published in that family's
@@ -150,7 +150,7 @@ def _write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]
 def _checkpoint_with_vocab(fixture: str, dest: Path, n_vocab: int, tj: dict, tok_cfg: dict) -> Path:
     """A copy of a fixture checkpoint whose embedding and output have n_vocab rows (seeded
     random bf16) and whose tokenizer files are the given ones."""
-    src = FIXTURES / fixture
+    src = fixture_dir(fixture)
     dest.mkdir()
     cfg = json.loads((src / "config.json").read_text())
     index = json.loads((src / "model.safetensors.index.json").read_text())
@@ -194,7 +194,7 @@ def converted_pre(request, tmp_path_factory):
     fixture, published, vocab_name = PUBLISHED[name]
     tmp = tmp_path_factory.mktemp(f"pre-{name}")
     if vocab_name is None:
-        src = FIXTURES / fixture
+        src = fixture_dir(fixture)
         tj = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
         tj["pre_tokenizer"] = published()
         ckpt = tmp / "ckpt"

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import FIXTURES, REPO as SRC, run_python
+from conftest import REPO as SRC, fixture_dir, run_python
 from hubserver import HubServer
 
 pytest.importorskip("huggingface_hub")
@@ -37,7 +37,7 @@ def make_repo(dst: Path, fixture: str = "v2_group", config_edit=None, extra: dic
     """A repo directory: the fixture's files (linked), optionally an edited config.json and
     extra files (junk the pull must not download)."""
     dst.mkdir(parents=True)
-    for f in (FIXTURES / fixture).iterdir():
+    for f in fixture_dir(fixture).iterdir():
         if f.name == "config.json" and config_edit:
             cfg = json.loads(f.read_text())
             config_edit(cfg)
@@ -101,7 +101,7 @@ def test_pull_f32_matches_reference_and_fetches_only_what_converts(hub):
     got = sorted(set(hub.fetched()))
     assert got == sorted(["config.json", "model.safetensors.index.json", SHARD1, "model-00002-of-00002.safetensors",
                           "tokenizer.json", "tokenizer_config.json"])  # no .bin/.pt/README/reference.npz
-    ref = np.load(FIXTURES / "v2_group" / "reference.npz")
+    ref = np.load(fixture_dir("v2_group") / "reference.npz")
     err = rel_errors(engine_logits(path, ref["tokens"]), ref["logits"])
     assert err.max() <= TOL, err
     import gguf
@@ -150,7 +150,7 @@ def test_q4_k_m_from_hub_loads_and_runs(hub, converted, tmp_path):
         path = Path(llm.model_path)
         ftype = gguf.GGUFReader(path).fields["general.file_type"]
         assert int(ftype.parts[ftype.data[0]][0]) == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-        tokens = [int(t) for t in np.load(FIXTURES / "v2_group" / "reference.npz")["tokens"]]
+        tokens = [int(t) for t in np.load(fixture_dir("v2_group") / "reference.npz")["tokens"]]
         llm.eval(tokens)
         assert np.isfinite(np.array(llm.scores[: len(tokens)])).all()
     finally:
@@ -312,7 +312,7 @@ def test_download_cut_mid_file_is_resumed(hub, monkeypatch):
     assert host1 == host2 == "cdn" and range1 is None
     assert 0 < int(re.fullmatch(r"bytes=(\d+)-", range2)[1]) <= 100_000
     snap = next((Path(os.environ["HF_HUB_CACHE"])).glob(f"models--*/snapshots/*/{SHARD1}"))
-    assert hashlib.sha256(snap.read_bytes()).digest() == hashlib.sha256((FIXTURES / "v2_group" / SHARD1).read_bytes()).digest()
+    assert hashlib.sha256(snap.read_bytes()).digest() == hashlib.sha256((fixture_dir("v2_group") / SHARD1).read_bytes()).digest()
     assert path.is_file()
 
 
@@ -331,7 +331,7 @@ def test_pull_killed_mid_file_resumes_in_the_next_process(hub):
     have = 200_000 // chunk * chunk
     # the stalled shard's partial file by name: other files' partials come and go (renamed to
     # their blobs when done) while this loop looks
-    etag = hashlib.sha256((FIXTURES / "v2_group" / SHARD1).read_bytes()).hexdigest()
+    etag = hashlib.sha256((fixture_dir("v2_group") / SHARD1).read_bytes()).hexdigest()
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline:
@@ -353,14 +353,14 @@ def test_pull_killed_mid_file_resumes_in_the_next_process(hub):
     assert hub.transfers(SHARD1) == [("cdn", f"bytes={have}-")]  # one request, for the rest of the file only
     assert list(blobs_dir().glob("*.dscpu-partial")) == []
     snap = next(Path(os.environ["HF_HUB_CACHE"]).glob(f"models--*/snapshots/*/{SHARD1}"))
-    assert snap.read_bytes() == (FIXTURES / "v2_group" / SHARD1).read_bytes()
-    ref = np.load(FIXTURES / "v2_group" / "reference.npz")
+    assert snap.read_bytes() == (fixture_dir("v2_group") / SHARD1).read_bytes()
+    ref = np.load(fixture_dir("v2_group") / "reference.npz")
     err = rel_errors(engine_logits(path, ref["tokens"]), ref["logits"])
     assert err.max() <= TOL, err
 
 
 def test_corrupt_partial_file_is_detected_and_fetched_again(hub, caplog):
-    data = (FIXTURES / "v2_group" / SHARD1).read_bytes()
+    data = (fixture_dir("v2_group") / SHARD1).read_bytes()
     etag = hashlib.sha256(data).hexdigest()
     blobs_dir().mkdir(parents=True)
     (blobs_dir() / f"{etag}.dscpu-partial").write_bytes(b"\x55" * 100_000)  # not the file's first bytes
@@ -378,7 +378,7 @@ def test_resumed_lfs_file_is_checked_against_x_linked_etag(hub, monkeypatch, cap
     file again."""
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16384)
-    data = (FIXTURES / "v2_group" / SHARD1).read_bytes()
+    data = (fixture_dir("v2_group") / SHARD1).read_bytes()
     hub.cut_once[SHARD1] = 100_000
     hub.corrupt_once[SHARD1] = 300_000  # past the cut: in the resumed response
     path = gguf_path(pull("--quant", "q8_0"))
@@ -435,9 +435,8 @@ def test_unreachable_hub_is_a_clear_error(hub, monkeypatch):
 
 
 def test_cli_entry_point_shows_no_traceback(hub):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC / "plugin"), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run([sys.executable, "-m", "deepseek_cpu", "pull", "nobody/nothing", "--quiet"],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.strip() == "Error: nobody/nothing: repository not found on " + hub.url + \
         " (check the name; if it is private, pass --token or set HF_TOKEN)"

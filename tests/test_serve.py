@@ -23,7 +23,7 @@ _INSTALLED_LIB = Path(sysconfig.get_paths()["purelib"]) / "deepseek_cpu" / "lib"
 if "LLAMA_CPP_LIB_PATH" not in os.environ and (_INSTALLED_LIB / "libllama.so").exists():
     os.environ["LLAMA_CPP_LIB_PATH"] = str(_INSTALLED_LIB)
 
-PKG_PARENT = str(Path(deepseek_cpu.__file__).resolve().parent.parent)
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(deepseek_cpu.__file__)))
 PARALLEL = 4
 CTX = 256  # per slot
 MODEL = "v2_greedy"  # no EOS within the first tokens of these prompts; see _greedy

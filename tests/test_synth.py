@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import CHECKPOINTS, FIXTURES
+from conftest import CHECKPOINTS, fixture_dir
 
 from deepseek_cpu import synth
 
@@ -35,7 +35,7 @@ def _field(r, key):
 def test_config_only_plan_equals_real_conversion(converted, name):
     """The tensors synth takes from the converter's table for a config.json must be exactly
     what the converter writes for a real checkpoint: same tensors, order, shapes and types."""
-    cfg = json.loads((FIXTURES / name / "config.json").read_text())
+    cfg = json.loads((fixture_dir(name) / "config.json").read_text())
     _conv, specs = synth.converter_plan(cfg)
     _r, real = _tensors(converted(name, "f32"))
     assert [p.name for p in specs] == list(real)
@@ -209,7 +209,7 @@ def test_small_file_loads_and_gives_finite_logits(small_files, quant):
 
 
 def test_prefaulting_tensor_destinations_changes_neither_logits_nor_peak_rss(small_files):
-    """Patch 0042 faults in each large tensor's destination (here the 104 MB expert tensors) from
+    """The loader (src/dsc/loader-memory.cpp) faults in each large tensor's destination (here the 104 MB expert tensors) from
     several threads before the loader copies it, one tensor at a time: the same logits, and no
     more resident memory at the peak than faulting page by page during the copy (faulting the
     whole buffer in at once would add the repacked weights on top of the mapped file)."""

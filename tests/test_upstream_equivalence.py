@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, fixture_dir
 
 import gguf_summary
 
@@ -22,7 +22,7 @@ NAMES = sorted(p.stem for p in UPSTREAM.glob("*.json"))
 # which the difference is allowed; None = absent). Every other key, and these keys outside
 # their condition, must match in type and value.
 INTENDED = {
-    # our engine's routing rule (patch 0002): how groups of experts are ranked; upstream's
+    # our engine's routing rule (fixes/deepseek2-v2-group-limited-greedy-routing.patch): how groups of experts are ranked; upstream's
     # engine has no such key (and no group-limited greedy routing for V2)
     "deepseek2.expert_group_score_topk": ("engine patch key, not known upstream", lambda r, o: r is None),
     # upstream writes n_group/topk_group even when n_group == 1 (no grouping); we omit
@@ -49,7 +49,7 @@ def pair(request, converted):
 
 
 def test_reference_exists_for_each_architecture():
-    archs = {json.loads((FIXTURES / n / "config.json").read_text())["architectures"][0] for n in NAMES}
+    archs = {json.loads((fixture_dir(n) / "config.json").read_text())["architectures"][0] for n in NAMES}
     assert archs == {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}, archs
 
 

@@ -6,15 +6,6 @@ Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
 """
 from __future__ import annotations
 
-import os as _os
-
-# In a source checkout the built-in converters live in <repo>/converters; the wheel
-# installs them as deepseek_cpu/converters. Let the same import name work in both.
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_src_converters = _os.path.join(_here, "..", "..", "converters")
-if not _os.path.isdir(_os.path.join(_here, "converters")) and _os.path.isdir(_src_converters):
-    __path__.append(_os.path.normpath(_os.path.join(_src_converters, "..")))  # type: ignore[name-defined]
-
 __all__ = ["Llama", "convert", "engine_info", "__version__"]
 
 

@@ -215,8 +215,8 @@ def _child_env(lib: Path) -> dict:
     env["LLAMA_CPP_LIB_PATH"] = str(lib)
     env.pop("DEEPSEEK_CPU_DISABLE", None)
     env.pop("MTMD_CPP_LIB", None)
-    # the child must import this deepseek_cpu (a source checkout or the installed one)
-    pkg_root = str(Path(__file__).resolve().parent.parent)
+    # the child must import this deepseek_cpu (where this process found it; not resolving links)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 

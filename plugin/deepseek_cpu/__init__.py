@@ -24,12 +24,12 @@ def __getattr__(name: str):
         globals()["__version__"] = v = _version()
         return v
     if name == "Llama":
-        from .llama import Llama
+        from .runtime.llama import Llama
         return Llama
     if name == "convert":
-        from .convert import convert
+        from .conversion.convert import convert
         return convert
     if name == "engine_info":
-        from .engine import engine_info
+        from .runtime.engine import engine_info
         return engine_info
     raise AttributeError(name)

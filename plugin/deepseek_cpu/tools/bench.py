@@ -75,7 +75,7 @@ def child_run(spec: dict) -> dict:
     import numpy as np
     engine = spec["engine"]
     if engine == "ours":
-        from deepseek_cpu.llama import Llama
+        from deepseek_cpu.runtime.llama import Llama
     else:
         from llama_cpp import Llama
     import llama_cpp as lc

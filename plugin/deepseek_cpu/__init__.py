@@ -3,6 +3,16 @@
 `from deepseek_cpu import Llama` gives llama_cpp.Llama with DeepSeek-friendly CPU
 defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGUF.
 Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
+
+The package, one folder per concern (cli.py holds the core commands, then asks the
+deepseek_cpu_register_commands hook; plugins.py registers the built-ins like any plugin):
+    runtime/       the engine, the drop-in Llama, its log callback, resources, serve, chat
+    conversion/    a Hugging Face checkpoint to a GGUF through the converter plugins
+    converters/    the built-in DeepSeek converter (a plugin; top-level converters/ in the repo)
+    quantization/  the one registry of quantization types
+    hub/           from a hub repo to a ready GGUF: download, convert, quantize, cache; `pull`
+    tools/         bench, synth, the stock llama.cpp build, demo
+    data/          the demo model
 """
 from __future__ import annotations
 

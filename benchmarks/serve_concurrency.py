@@ -90,7 +90,7 @@ def main() -> int:
     # the installed package (`pip install .` first)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        from deepseek_cpu.serve import wait_ready
+        from deepseek_cpu.runtime.serve import wait_ready
         if not wait_ready(url, proc, timeout=600):
             print("server did not start", file=sys.stderr)
             return 1

@@ -53,7 +53,7 @@ def main():
     a = ap.parse_args()
     results = [json.loads(Path(p).read_text()) for p in a.json]
     if a.plot:
-        from deepseek_cpu.bench import plot
+        from deepseek_cpu.tools.bench import plot
         plot(results[0], a.plot)
     print(table(results))
 

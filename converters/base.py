@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 
 from deepseek_cpu.errors import DeepseekCpuError
-from deepseek_cpu.quant_types import QUANT_TYPES
+from deepseek_cpu.quantization.types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 

@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """Each fixture checkpoint converted once per session, by outtype: converted(name, outtype)."""
-    from deepseek_cpu.convert import convert
+    from deepseek_cpu.conversion.convert import convert
     cache = {}
     out_dir = tmp_path_factory.mktemp("gguf")
 
@@ -80,7 +80,7 @@ def kernel_coverage() -> str:
     import re
     try:
         import llama_cpp
-        from deepseek_cpu.engine import cpu_flags
+        from deepseek_cpu.runtime.engine import cpu_flags
         info = llama_cpp.llama_print_system_info().decode()
         flags = set(cpu_flags())
     except Exception as e:  # noqa: BLE001 - a report line, never a failure

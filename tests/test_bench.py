@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deepseek_cpu import bench, synth
+from deepseek_cpu.tools import bench, synth
 
 REPO = Path(__file__).resolve().parent.parent
 

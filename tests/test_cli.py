@@ -26,11 +26,11 @@ def test_plugins_lists_builtins_with_their_hooks():
     r = cli("plugins", "--json")
     rows = {p["name"]: p for p in json.loads(r.stdout)}
     assert "deepseek_cpu_converter" in rows["deepseek_cpu.converters.deepseek"]["hooks"]
-    assert "deepseek_cpu_register_commands" in rows["deepseek_cpu.demo"]["hooks"]
+    assert "deepseek_cpu_register_commands" in rows["deepseek_cpu.tools.demo"]["hooks"]
 
 
 def test_info_shows_the_series_hash_and_one_patch_per_line():
-    from deepseek_cpu.engine import source_info
+    from deepseek_cpu.runtime.engine import source_info
     src = source_info()  # deepseek-cpu-source.json next to the library
     r = cli("info", "--json")
     assert r.returncode == 0, r.stderr
@@ -49,7 +49,7 @@ def test_info_shows_the_series_hash_and_one_patch_per_line():
 
 
 def test_engine_info_without_a_source_record(monkeypatch):
-    from deepseek_cpu import engine
+    from deepseek_cpu.runtime import engine
     monkeypatch.setattr(engine, "source_info", lambda: {})
     e = engine.engine_info()
     assert (e.series_sha256, e.patches, e.llama_cpp_commit) == ("unknown", [], "unknown")

@@ -19,7 +19,7 @@ import pytest
 from conftest import CHECKPOINTS, FIXTURES, REPO, fixture_dir
 
 from deepseek_cpu import plugins
-from deepseek_cpu.convert import convert
+from deepseek_cpu.conversion.convert import convert
 from deepseek_cpu.converters.base import ConversionError, UnsupportedArchitecture
 from deepseek_cpu.converters.checkpoint import CheckpointError, MissingShard
 from deepseek_cpu.converters.tokenizer import MissingTokenizer
@@ -224,7 +224,7 @@ def test_config_chmod_000(tmp_path, out_dir):
         pytest.skip(f"cannot make a file unreadable for this user (dropping DAC capabilities failed: "
                     f"{probe.stderr.strip()[-200:] or 'the read succeeded'})")
     code = _DROP_DAC_CAPS + textwrap.dedent(f"""
-        from deepseek_cpu.convert import convert
+        from deepseek_cpu.conversion.convert import convert
         try:
             convert({str(model)!r}, {str(out_dir / 'model.gguf')!r}, progress=False)
         except Exception as e:
@@ -339,7 +339,7 @@ def test_cli_interrupted(tmp_path, out_dir):
 
 _DISK_FULL_CHILD = """
 import resource, signal, sys
-from deepseek_cpu.convert import convert, ConversionError
+from deepseek_cpu.conversion.convert import convert, ConversionError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so that writing past the limit raises EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 try:
@@ -571,8 +571,8 @@ def test_name_option_sets_general_name(tmp_path):
 
 def test_package_level_convert_is_callable_in_any_import_order(tmp_path):
     """`from deepseek_cpu import convert; convert(...)` as the docs say, also after the
-    submodule was imported first (which rebinds the package attribute to the module)."""
-    code = ("import deepseek_cpu.convert, sys\n"
+    conversion module was imported first."""
+    code = ("import deepseek_cpu.conversion.convert, sys\n"
             "from deepseek_cpu import convert\n"
             "p = convert(sys.argv[1], sys.argv[2], outtype='f32', progress=False)\n"
             "print(p)\n")

@@ -159,7 +159,7 @@ def test_op_profile_reports_where_graph_time_went(converted):
 
 _DECODE_LOGITS = """
 import sys, numpy as np, llama_cpp as lc
-from deepseek_cpu.llama import Llama
+from deepseek_cpu.runtime.llama import Llama
 path, nt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 llm = Llama(path, n_ctx=512, n_batch=320, n_ubatch=320, n_threads=nt, n_threads_batch=nt, verbose=False)
 ctx, nv = llm._ctx.ctx, llm.n_vocab()
@@ -179,7 +179,7 @@ np.save(out, np.array(rows))
 
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory):
-    from deepseek_cpu import synth
+    from deepseek_cpu.tools import synth
     # V2-Lite's widths, the dense layer and one MoE layer, random weights (~0.4 GB)
     return synth.synthesize(tmp_path_factory.mktemp("det") / "v2-lite-2.gguf", "v2-lite", "q4_0", layers=2,
                             tokenizer="bytes", progress=False)

@@ -10,7 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import run_python
-from deepseek_cpu import _dropin, bench, engine, serve
+from deepseek_cpu import _dropin
+from deepseek_cpu.runtime import engine, serve
+from deepseek_cpu.tools import bench
 from deepseek_cpu.cli import cli
 from deepseek_cpu.errors import DeepseekCpuError
 
@@ -47,7 +49,9 @@ def test_every_caller_agrees_in_a_fresh_interpreter(tmp_path):
     """The same, as a user's process sees it: the .pth ran at start-up and left the variable alone."""
     lib = fake_engine(tmp_path / "env-lib", "libllama.so", "llama-server")
     code = ("import json, os\n"
-            "from deepseek_cpu import _dropin, bench, engine, serve\n"
+            "from deepseek_cpu import _dropin\n"
+            "from deepseek_cpu.runtime import engine, serve\n"
+            "from deepseek_cpu.tools import bench\n"
             "print(json.dumps([os.environ['LLAMA_CPP_LIB_PATH'], _dropin.find_lib_dir(), str(engine.lib_dir()),\n"
             "                  str(bench.ours_lib_dir()), str(serve.server_binary().parent)]))\n")
     r = run_python(code, env_extra={"LLAMA_CPP_LIB_PATH": str(lib)},
@@ -147,7 +151,9 @@ def test_opt_out_leaves_llama_cpp_alone():
     """DEEPSEEK_CPU_DISABLE=1: neither start-up nor the package's own lookups point
     llama_cpp anywhere; `import llama_cpp` does not load our libllama."""
     code = ("import os\n"
-            "from deepseek_cpu import _dropin, bench, engine\n"
+            "from deepseek_cpu import _dropin\n"
+            "from deepseek_cpu.runtime import engine\n"
+            "from deepseek_cpu.tools import bench\n"
             "engine.lib_dir(); bench.ours_lib_dir(); _dropin.activate()\n"
             "print(os.environ.get('LLAMA_CPP_LIB_PATH', 'unset'), os.environ.get('MTMD_CPP_LIB', 'unset'))\n"
             "try:\n"
@@ -167,7 +173,7 @@ def test_opt_out_leaves_llama_cpp_alone():
 
 def test_an_explicit_ours_lib_without_the_engine_is_an_error(tmp_path):
     """bench --ours-lib DIR with no libllama.so in DIR must not quietly measure another engine."""
-    from deepseek_cpu import bench
+    from deepseek_cpu.tools import bench
     from deepseek_cpu.errors import DeepseekCpuError
     with pytest.raises(DeepseekCpuError, match="no libllama.so there"):
         bench.ours_lib_dir(str(tmp_path))

@@ -50,9 +50,9 @@ def test_standard_library_bases_are_kept():
     from deepseek_cpu.converters.base import ConversionError, UnsupportedArchitecture
     from deepseek_cpu.converters.checkpoint import CheckpointError, MissingShard
     from deepseek_cpu.converters.tokenizer import MissingTokenizer, UnsupportedTokenizer
-    from deepseek_cpu.download import ChecksumError
-    from deepseek_cpu.engine import EngineNotPatched
-    from deepseek_cpu.stock import StockBuildError
+    from deepseek_cpu.hub.download import ChecksumError
+    from deepseek_cpu.runtime.engine import EngineNotPatched
+    from deepseek_cpu.tools.stock import StockBuildError
     for cls, base in [(ConversionError, ValueError), (UnsupportedArchitecture, ValueError),
                       (CheckpointError, ValueError), (MissingShard, FileNotFoundError),
                       (MissingTokenizer, FileNotFoundError), (UnsupportedTokenizer, ValueError),

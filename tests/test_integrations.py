@@ -316,7 +316,7 @@ LOAD_VERBOSE = "{imp}; import llama_cpp; llama_cpp.Llama({path!r}, n_ctx=64, n_t
 
 
 @pytest.mark.parametrize("name", ["v2_group", "v3_noaux"])
-@pytest.mark.parametrize("imp", ["import deepseek_cpu.llama", "pass"])
+@pytest.mark.parametrize("imp", ["import deepseek_cpu.runtime.llama", "pass"])
 def test_verbose_load_prints_no_traceback(converted, name, imp):
     """verbose=True prints the GGUF metadata, whose token lists hold DeepSeek's full-width
     special tokens; neither plain llama_cpp (fixes/loader-utf8-safe-metadata-truncation.patch) nor our Llama (safe
@@ -330,7 +330,7 @@ def test_verbose_load_prints_no_traceback(converted, name, imp):
 def test_safe_callback_joins_split_characters(capsys):
     import llama_cpp._logger as lg
 
-    from deepseek_cpu import llama as dl
+    from deepseek_cpu.runtime import llama as dl
     old = lg.logger.level
     lg.set_verbose(True)
     try:

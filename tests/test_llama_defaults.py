@@ -4,8 +4,8 @@ import os
 import llama_cpp
 import pytest
 
-from deepseek_cpu import llama as dl
-from deepseek_cpu import resources
+from deepseek_cpu.runtime import llama as dl
+from deepseek_cpu.runtime import resources
 
 
 def _context(llm):

@@ -214,7 +214,7 @@ def test_python_api_sees_registered_plugin(tmp_path, toy_checkpoint):
         import sys, types
         sys.path.insert(0, {str(tmp_path)!r})
         from deepseek_cpu import plugins
-        from deepseek_cpu.convert import convert, supported_architectures
+        from deepseek_cpu.conversion.convert import convert, supported_architectures
         mod = types.ModuleType("inline_toy")
         exec({PLUGIN_MODULE!r}, mod.__dict__)
         plugins.load().register(mod, name="inline_toy")

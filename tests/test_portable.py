@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, run_python
-from deepseek_cpu.engine import cpu_flags
+from deepseek_cpu.runtime.engine import cpu_flags
 
 pytestmark = pytest.mark.slow
 

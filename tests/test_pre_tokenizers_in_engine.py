@@ -189,7 +189,7 @@ def converted_pre(request, tmp_path_factory):
     """(name, HF tokenizer, engine Llama over the converted full model, vocab file or None,
     the converted GGUF)."""
     from deepseek_cpu import Llama
-    from deepseek_cpu.convert import convert
+    from deepseek_cpu.conversion.convert import convert
     name = request.param
     fixture, published, vocab_name = PUBLISHED[name]
     tmp = tmp_path_factory.mktemp(f"pre-{name}")

@@ -234,7 +234,8 @@ def test_deepseek_cpu_cache_is_one_root_for_every_cache(monkeypatch, tmp_path, e
     root of every cache: pull's gguf/, stock-<commit>/, synth's tokenizers/, the build's sdist/."""
     import importlib.util
 
-    from deepseek_cpu import cache, stock, synth
+    from deepseek_cpu import cache
+    from deepseek_cpu.tools import stock, synth
     for var in ("DEEPSEEK_CPU_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
@@ -461,15 +462,15 @@ def test_pull_is_listed_as_a_builtin_plugin_command():
     res = CliRunner().invoke(cli, ["--help"])
     assert "pull" in res.output
     from deepseek_cpu.plugins import describe
-    assert any(r["name"] == "deepseek_cpu.pull" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
+    assert any(r["name"] == "deepseek_cpu.hub.command" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
 
 
 # the hub package and each of its modules, found on disk: a module added later is covered too
 HUB_MODULES = ["deepseek_cpu.hub"] + sorted(f"deepseek_cpu.hub.{m.name}" for m in pkgutil.iter_modules(hubmod.__path__))
-# what the hub must not load at import time: llama.py (it imports the hub in from_hub; the
-# other direction would be a cycle), llama_log.py and llama_cpp (the engine: `pull`'s start-up
+# what the hub must not load at import time: runtime/llama.py (it imports the hub in from_hub; the
+# other direction would be a cycle), runtime/llama_log.py and llama_cpp (the engine: `pull`'s start-up
 # stays cheap, and the quantizer loads it when it runs)
-_ENGINE = "sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith(('llama_cpp.', 'deepseek_cpu.llama')))"
+_ENGINE = "sorted(m for m in sys.modules if m == 'llama_cpp' or m.startswith(('llama_cpp.', 'deepseek_cpu.runtime.llama')))"
 
 
 @pytest.mark.parametrize("module", HUB_MODULES)
@@ -489,14 +490,14 @@ def test_hub_public_names_stay_where_they_were():
 
 
 def test_quantizer_loads_the_engine_and_log_callback_without_llama_py(tmp_path):
-    """llama_log.py imports alone and installs the log callback; the hub's quantizer, run in a
+    """runtime/llama_log.py imports alone and installs the log callback; the hub's quantizer, run in a
     fresh interpreter, gets llama_cpp and that callback from it, never importing llama.py; and
     llama.py still offers the callback under its old names (the same objects)."""
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf" * 10)
     r = run_python(
         "import sys\n"
-        "import deepseek_cpu.llama_log as ll, llama_cpp._logger as lg\n"
+        "import deepseek_cpu.runtime.llama_log as ll, llama_cpp._logger as lg\n"
         "assert lg.llama_log_callback is ll.safe_log_callback\n"
         "from deepseek_cpu.hub import PullError, quantize\n"
         "try:\n"
@@ -504,19 +505,19 @@ def test_quantizer_loads_the_engine_and_log_callback_without_llama_py(tmp_path):
         "except PullError as e:\n"
         "    print('PullError:', e)\n"
         f"print({_ENGINE})\n"
-        "import deepseek_cpu.llama as dl\n"
+        "import deepseek_cpu.runtime.llama as dl\n"
         "assert dl.safe_log_callback is ll.safe_log_callback and dl.install_log_callback is ll.install_log_callback\n")
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert lines[0].startswith("PullError: llama.cpp could not quantize to q4_k_m (code "), lines[0]
     assert "no message" not in lines[0]  # llama.cpp's own words reached the quantizer through the callback
-    assert "'deepseek_cpu.llama'" not in lines[1] and "'llama_cpp'" in lines[1], lines[1]
+    assert "'deepseek_cpu.runtime.llama'" not in lines[1] and "'llama_cpp'" in lines[1], lines[1]
 
 
 def test_partial_file_hash_follows_a_restart(tmp_path):
     # http_get rewinds and truncates when a server answers a Range request with 200: the
     # running hash must then cover only the bytes written after the restart
-    from deepseek_cpu.download import _HashingWriter
+    from deepseek_cpu.hub.download import _HashingWriter
     with open(tmp_path / "partial", "ab+") as f:
         f.write(b"kept part")
         w = _HashingWriter(f, hashlib.sha256)

@@ -1,12 +1,12 @@
-"""The quantization-type registry (deepseek_cpu/quant_types.py) and everything that reads it."""
+"""The quantization-type registry (deepseek_cpu/quantization/types.py) and everything that reads it."""
 import inspect
 
 import click
 import gguf
 import pytest
 
-from deepseek_cpu import quant_types as qt
-from deepseek_cpu.quant_types import QUANT_TYPES
+from deepseek_cpu.quantization import types as qt
+from deepseek_cpu.quantization.types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 
@@ -18,7 +18,7 @@ def _llama_cpp_name(name: str) -> str:
 
 @pytest.mark.parametrize("name", list(QUANT_TYPES))
 def test_file_types_are_llama_cpps(name):
-    from deepseek_cpu import llama as _engine  # noqa: F401  (our libllama first)
+    from deepseek_cpu.runtime import llama as _engine  # noqa: F401  (our libllama first)
     import llama_cpp.llama_cpp as ll
     t = QUANT_TYPES[name]
     assert t.name == name and name == name.lower()
@@ -64,14 +64,15 @@ def _choices(command: str, option: str) -> tuple:
 def test_cli_choices_are_the_registrys():
     assert _choices("convert", "outtype") == (qt.DIRECT, "bf16")
     assert _choices("pull", "quant") == (qt.NAMES, qt.DEFAULT_PULL)
-    from deepseek_cpu import synth
+    from deepseek_cpu.tools import synth
     names, default = _choices("synth", "quant")
     assert names == tuple(synth.MIXES) == synth.MIX_NAMES and default == "q4_0"
     assert set(names) <= set(qt.NAMES)
 
 
 def test_converter_and_synth_read_the_registry():
-    from deepseek_cpu import convert, synth
+    from deepseek_cpu.conversion import convert
+    from deepseek_cpu.tools import synth
     from deepseek_cpu.converters.base import OUTTYPES
     assert OUTTYPES == {n: QUANT_TYPES[n].ggml_type for n in qt.DIRECT}
     assert list(OUTTYPES) == list(qt.DIRECT)
@@ -86,7 +87,7 @@ def test_pull_reads_the_registry():
     from deepseek_cpu import hub
     assert hub.QUANTS == qt.NAMES and hub.DIRECT == qt.DIRECT
     assert inspect.signature(hub.pull).parameters["quant"].default == qt.DEFAULT_PULL
-    from deepseek_cpu.llama import Llama
+    from deepseek_cpu.runtime.llama import Llama
     assert inspect.signature(Llama.from_hub).parameters["quant"].default == qt.DEFAULT_PULL
     cfg = {"torch_dtype": "bfloat16"}
     for name, t in QUANT_TYPES.items():

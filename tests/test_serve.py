@@ -50,7 +50,7 @@ class Served:
                "--parallel", str(parallel), "--ctx", str(ctx), "--threads", "2", "--alias", "tiny",
                "--ready-timeout", "300", *extra]
         self.proc = subprocess.Popen(cmd, env=_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        from deepseek_cpu.serve import wait_ready
+        from deepseek_cpu.runtime.serve import wait_ready
         if not wait_ready(self.url, self.proc, timeout=300):
             self.stop()
             pytest.fail(f"server did not become ready:\n{log.read_text()[-4000:]}")
@@ -107,7 +107,7 @@ def test_dry_run_shows_our_defaults(gguf):
         assert flag in args
     assert args[args.index("--parallel") + 1] == "3" and args[args.index("-c") + 1] == str(3 * 512)
     assert args[-1] == "--context-shift"
-    from deepseek_cpu.resources import default_threads
+    from deepseek_cpu.runtime.resources import default_threads
     r = subprocess.run([sys.executable, "-m", "deepseek_cpu", "serve", str(gguf), "--dry-run"], env=_env(),
                        capture_output=True, text=True, timeout=60)
     args = r.stdout.split()

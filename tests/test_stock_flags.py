@@ -1,6 +1,6 @@
 """The stock build for --compare-stock: on an AMX CPU it must not be a native build (which aborts
 on every DeepSeek-V2 model at this commit) but this CPU's other extensions with AMX off."""
-from deepseek_cpu import stock
+from deepseek_cpu.tools import stock
 
 ZEN4 = {"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c", "avx512f", "avx512cd", "avx512vl", "avx512dq",
         "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16"}

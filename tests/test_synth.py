@@ -12,7 +12,7 @@ import pytest
 
 from conftest import CHECKPOINTS, fixture_dir
 
-from deepseek_cpu import synth
+from deepseek_cpu.tools import synth
 
 Q = gguf.GGMLQuantizationType
 
@@ -119,7 +119,7 @@ def llama_quantize_types(src, quant: str) -> dict[str, gguf.GGMLQuantizationType
     """The type llama.cpp's quantizer (llama_model_quantize, as `pull` and llama-quantize run it)
     gives each tensor of `src` in mix `quant`. A dry run: the types are chosen from names, shapes
     and hyperparameters as in a real run, but no data is read: weights left as holes serve."""
-    from deepseek_cpu import llama as _engine  # noqa: F401  (our libllama; its log callback writes sys.stderr)
+    from deepseek_cpu.runtime import llama as _engine  # noqa: F401  (our libllama; its log callback writes sys.stderr)
     import llama_cpp
     p = llama_cpp.llama_model_quantize_default_params()
     # the mix by llama.cpp's own name for it, not by synth's table of file types

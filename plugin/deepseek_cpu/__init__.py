@@ -3,6 +3,16 @@
 `from deepseek_cpu import Llama` gives llama_cpp.Llama with DeepSeek-friendly CPU
 defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGUF.
 Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
+
+The package, one folder per concern (cli.py holds the core commands, then asks the
+deepseek_cpu_register_commands hook; plugins.py registers the built-ins like any plugin):
+    runtime/       the engine, the drop-in Llama, its log callback, resources, serve, chat
+    conversion/    a Hugging Face checkpoint to a GGUF through the converter plugins
+    converters/    the built-in DeepSeek converter (a plugin; top-level converters/ in the repo)
+    quantization/  the one registry of quantization types
+    hub/           from a hub repo to a ready GGUF: download, convert, quantize, cache; `pull`
+    tools/         bench, synth, the stock llama.cpp build, demo
+    data/          the demo model
 """
 from __future__ import annotations
 
@@ -24,12 +34,12 @@ def __getattr__(name: str):
         globals()["__version__"] = v = _version()
         return v
     if name == "Llama":
-        from .llama import Llama
+        from .runtime.llama import Llama
         return Llama
     if name == "convert":
-        from .convert import convert
+        from .conversion.convert import convert
         return convert
     if name == "engine_info":
-        from .engine import engine_info
+        from .runtime.engine import engine_info
         return engine_info
     raise AttributeError(name)

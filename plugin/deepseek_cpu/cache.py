@@ -3,7 +3,7 @@
     $DEEPSEEK_CPU_CACHE, else $XDG_CACHE_HOME/deepseek-cpu, else ~/.cache/deepseek-cpu
 
 Under it: gguf/ (`pull`'s converted models, hub.gguf_cache_dir), stock-<commit>/ (stock
-llama.cpp for `bench --compare-stock`, stock.py), tokenizers/ (`synth`'s downloaded
+llama.cpp for `bench --compare-stock`, tools/stock.py), tokenizers/ (`synth`'s downloaded
 tokenizer) and sdist/ (the llama.cpp source the build fetches; vendor/prepare.py runs
 before the package exists and keeps its own copy of this rule).
 """

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__, quant_types
+from . import __version__
+from .quantization import types as quant_types
 from .errors import DeepseekCpuError
 
 
@@ -52,8 +53,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(as_json):
     """Package version, llama.cpp commit, patch series, CPU features and the library loaded."""
-    from .engine import engine_info
-    from .resources import default_threads
+    from .runtime.engine import engine_info
+    from .runtime.resources import default_threads
     e = engine_info()
     d = {
         "version": e.version, "llama_cpp_commit": e.llama_cpp_commit, "series_sha256": e.series_sha256,
@@ -99,7 +100,7 @@ def plugins_cmd(as_json):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def convert(checkpoint, out, outtype, name, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
-    from .convert import convert as do_convert
+    from .conversion.convert import convert as do_convert
     t0 = time.time()
     try:
         path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet, name=name)
@@ -123,7 +124,7 @@ def convert(checkpoint, out, outtype, name, quiet):
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
 def run(model, prompt, max_tokens, temperature, threads, n_ctx):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
-    from .llama import open_for_terminal
+    from .runtime.llama import open_for_terminal
     llm = open_for_terminal(model, threads, n_ctx)
     t0, n = time.time(), 0
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):

@@ -51,7 +51,7 @@ def deepseek_cpu_quant_schemes() -> dict[str, Any]:
     """Quantization schemes this plugin provides, by name.
 
     The built-in types (f32 ... q8_0 written by the converter, llama.cpp's q4_0 ... iq4_xs)
-    are not registered through this hook: they live in one table, deepseek_cpu/quant_types.py,
+    are not registered through this hook: they live in one table, deepseek_cpu/quantization/types.py,
     which the CLI choices, the converter, `pull` and `synth` read."""
 
 

@@ -13,11 +13,11 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 # Built-in plugins, registered exactly like external ones.
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
-    "deepseek_cpu.demo",
-    "deepseek_cpu.pull",
-    "deepseek_cpu.synth",
-    "deepseek_cpu.bench",
-    "deepseek_cpu.serve", "deepseek_cpu.chat",
+    "deepseek_cpu.tools.demo",
+    "deepseek_cpu.hub.command",
+    "deepseek_cpu.tools.synth",
+    "deepseek_cpu.tools.bench",
+    "deepseek_cpu.runtime.serve", "deepseek_cpu.runtime.chat",
 )
 
 pm = pluggy.PluginManager(hookspecs.PROJECT)

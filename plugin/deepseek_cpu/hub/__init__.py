@@ -19,7 +19,7 @@ Steps, each stopping with a one-line `PullError` saying what went wrong and what
    Network errors are retried with backoff. `snapshot_download` then links the files
    into the standard snapshot layout (and is all that runs offline).
 4. Convert (f32 / f16 / bf16 / q8_0 directly; other types through a bf16 intermediate
-   quantized by llama.cpp's `llama_model_quantize`; quant_types.py says which is which),
+   quantized by llama.cpp's `llama_model_quantize`; quantization/types.py says which is which),
    written to a temporary name and renamed, so an interrupted pull never leaves a
    truncated GGUF.
 
@@ -30,7 +30,7 @@ Layout of the GGUF cache, gguf/ under the cache root (cache.py: $DEEPSEEK_CPU_CA
 With `output_dir` the GGUF is written as <output_dir>/<name>-<quant>.gguf with its
 .json record next to it; the record decides whether it can be reused.
 
-The modules, one concern each (none imports deepseek_cpu.llama or llama_cpp at import time):
+The modules, one concern each (none imports deepseek_cpu.runtime.llama or llama_cpp at import time):
     pipeline.py    `pull()` itself: the steps above, in order, and `PullResult`
     errors.py      `PullError`, and which exceptions count as network / server errors
     settings.py    the HF_* settings, read at call time
@@ -39,10 +39,12 @@ The modules, one concern each (none imports deepseek_cpu.llama or llama_cpp at i
                    resolve / list / plan / download
     disk_plan.py   the disk estimate and the free-space check
     conversion.py  the architecture pre-flight, convert, and llama.cpp's quantizer
+    download.py    resumable, checked downloads of one blob into the HF cache
+    command.py     the `deepseek-cpu pull` command (a built-in plugin)
 """
 from __future__ import annotations
 
-from .. import quant_types
+from ..quantization import types as quant_types
 from .client import INDEX, META_FILES, RETRY_DELAYS
 from .conversion import INTERMEDIATE, quantize
 from .disk_plan import estimate_disk, free_bytes
@@ -51,7 +53,7 @@ from .gguf_cache import CONVERTER_FORMAT, converter_key, gguf_cache_dir
 from .pipeline import PullResult, pull
 from .settings import hf_cache_dir, hf_endpoint, hf_offline
 
-# The types and their facts live in quant_types.py: written by our converter directly (no
+# The types and their facts live in quantization/types.py: written by our converter directly (no
 # llama.cpp pass), or quantized by llama.cpp from a bf16 intermediate.
 DIRECT = quant_types.DIRECT
 QUANTS = quant_types.NAMES

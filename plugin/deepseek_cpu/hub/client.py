@@ -197,7 +197,7 @@ class HubClient:
     def download(self, sha: str, files: list[str]) -> str:
         from huggingface_hub import snapshot_download
         if not self.offline:
-            from ..download import ChecksumError, ensure_blob
+            from .download import ChecksumError, ensure_blob
             snap = self.storage / "snapshots" / sha
             for f in files:
                 if (snap / f).exists():

@@ -2,7 +2,7 @@
 
 f32 / f16 / bf16 / q8_0 are written by our converter directly; every other type goes
 through a bf16 intermediate that llama.cpp's `llama_model_quantize` quantizes
-(quant_types.py says which is which). Each output is written to a temporary name and
+(quantization/types.py says which is which). Each output is written to a temporary name and
 renamed, so an interrupted pull never leaves a truncated GGUF. The converter and
 llama_cpp are imported inside the functions: importing this module loads neither.
 """
@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from .. import quant_types
+from ..quantization import types as quant_types
 from ..errors import DeepseekCpuError
 from .errors import PullError
 
@@ -24,7 +24,7 @@ INTERMEDIATE = "bf16"
 
 def check_architecture(repo: str, config: dict, client) -> None:
     """Refuse, before any weight is downloaded, a config.json no converter takes (`client`: a HubClient)."""
-    from ..convert import find_converter, supported_architectures
+    from ..conversion.convert import find_converter, supported_architectures
     from ..converters.base import ConversionError, UnsupportedArchitecture
     try:
         find_converter(config, client.storage)
@@ -38,7 +38,7 @@ def check_architecture(repo: str, config: dict, client) -> None:
 
 def convert_snapshot(snapshot: Path, out: Path, quant: str, progress: bool, verbose: bool, say, name: str) -> None:
     """The downloaded checkpoint at `snapshot` -> `out` in type `quant`."""
-    from ..convert import convert
+    from ..conversion.convert import convert
     try:
         if quant in quant_types.DIRECT:
             say(f"converting to {quant}")
@@ -75,13 +75,13 @@ def quantize(src: Path, out: Path, quant: str, verbose: bool = False, progress: 
     import sys
 
     # llama_cpp on our patched engine, with a log callback that writes to sys.stderr as it
-    # is at each call (so redirect_stderr below catches it) and never raises; llama_log.py,
-    # not llama.py, so the hub never imports llama.py
-    from .. import llama_log  # noqa: F401
+    # is at each call (so redirect_stderr below catches it) and never raises; runtime/llama_log.py,
+    # not runtime/llama.py, so the hub never imports llama.py
+    from ..runtime import llama_log  # noqa: F401
     import llama_cpp
     from tqdm import tqdm
 
-    from ..resources import default_threads
+    from ..runtime.resources import default_threads
     src, out = Path(src), Path(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
     params = llama_cpp.llama_model_quantize_default_params()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import quant_types
+from ..quantization import types as quant_types
 from .errors import PullError
 
 

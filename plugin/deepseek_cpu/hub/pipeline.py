@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import quant_types
+from ..quantization import types as quant_types
 from . import gguf_cache
 from .client import HubClient, progress_bars, remove_snapshot
 from .conversion import check_architecture, convert_snapshot

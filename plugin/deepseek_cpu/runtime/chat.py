@@ -13,7 +13,7 @@ import time
 
 import click
 
-from .hookspecs import hookimpl
+from ..hookspecs import hookimpl
 
 
 def chat_loop(llm, lines, echo=click.echo, system: str | None = None, max_tokens: int = 512,

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _dropin
-from .errors import DeepseekCpuError
+from .. import _dropin
+from ..errors import DeepseekCpuError
 
 PACKAGE_LIB_DIR = Path(_dropin.LIB_DIR)
 
@@ -127,7 +127,7 @@ def cpu_backend_name(sysinfo: str) -> str:
 
 
 def engine_info() -> EngineInfo:
-    from . import __version__
+    from .. import __version__
     lib = llama_lib()
     marker = build_info(lib)
     src = source_info()

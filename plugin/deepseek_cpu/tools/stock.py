@@ -8,7 +8,7 @@ series. On a CPU with AMX it is built for the CPU's extensions without AMX
 (stock-<commit>-noamx): see cmake_flags(). A process selects it with
 LLAMA_CPP_LIB_PATH=<that dir>/lib (the drop-in respects a path the caller set).
 
-    python -m deepseek_cpu.stock            # build (if needed) and print the lib dir
+    python -m deepseek_cpu.tools.stock            # build (if needed) and print the lib dir
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from .cache import cache_root
-from .engine import cpu_flags
-from .errors import DeepseekCpuError
+from ..cache import cache_root
+from ..runtime.engine import cpu_flags
+from ..errors import DeepseekCpuError
 
 class StockBuildError(DeepseekCpuError, RuntimeError):
     """The stock llama.cpp could not be prepared or built; the message says where it failed."""
@@ -33,7 +33,7 @@ def _prepare_module():
     """vendor/prepare.py, which the wheel ships as deepseek_cpu/vendor (a namespace portion:
     the build runs the same file as a script, before the package exists)."""
     try:
-        from .vendor import prepare
+        from ..vendor import prepare
     except ImportError as e:
         # a source checkout on PYTHONPATH (plugin/) has no vendor/: that lives at the repository root
         raise StockBuildError(f"deepseek_cpu.vendor.prepare is not available ({e}); build stock llama.cpp "

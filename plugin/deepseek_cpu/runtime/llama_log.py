@@ -20,7 +20,7 @@ import codecs
 import ctypes
 import sys
 
-from . import _dropin
+from .. import _dropin
 
 _dropin.activate()
 

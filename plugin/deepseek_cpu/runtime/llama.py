@@ -21,7 +21,9 @@ import inspect
 import os
 from dataclasses import dataclass
 
-from . import _dropin, quant_types, resources
+from .. import _dropin
+from ..quantization import types as quant_types
+from . import resources
 
 _dropin.activate()
 
@@ -159,7 +161,7 @@ class Llama(llama_cpp.Llama):
         Unlike llama_cpp.Llama.from_pretrained, the repo holds the original weights, not a GGUF."""
         # imported here: the hub (huggingface_hub, the converter) is only needed for from_hub,
         # and only this direction exists (the hub never imports this module)
-        from .hub import pull
+        from ..hub import pull
         res = pull(repo_id, quant=quant, revision=revision, token=token, cache_dir=cache_dir,
                    output_dir=output_dir, delete_snapshot=delete_snapshot, progress=progress)
         return cls(str(res.path), **kwargs)

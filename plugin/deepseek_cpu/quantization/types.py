@@ -13,9 +13,9 @@ maps to its facts:
   * `direct`: True when our converter writes it (converters/base.py's OUTTYPES), False
     when llama.cpp's quantizer makes it from a bf16 intermediate (`pull`).
 
-Readers: converters/base.py (OUTTYPES), convert.py (general.file_type), cli.py
-(`convert --outtype`), hub/ and pull.py (`pull --quant`, the quantizer's ftype, the disk
-estimate), llama.py (Llama.from_hub's default), synth.py (the facts of the mixes it
+Readers: converters/base.py (OUTTYPES), conversion/convert.py (general.file_type), cli.py
+(`convert --outtype`), hub/ and hub/command.py (`pull --quant`, the quantizer's ftype, the
+disk estimate), runtime/llama.py (Llama.from_hub's default), tools/synth.py (the facts of the mixes it
 imitates; which mixes, and their per-tensor types, are synth's own). A type added here is
 offered by `pull` (and by `convert` if direct). Plugins' own schemes go through the
 deepseek_cpu_quant_schemes hook instead.

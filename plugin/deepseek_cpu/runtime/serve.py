@@ -34,8 +34,8 @@ from pathlib import Path
 
 import click
 
-from .errors import DeepseekCpuError
-from .hookspecs import hookimpl
+from ..errors import DeepseekCpuError
+from ..hookspecs import hookimpl
 
 DEFAULT_PARALLEL = 4
 MAX_CTX_PER_SLOT = 4096
@@ -53,7 +53,7 @@ def server_binary() -> Path:
     env = os.environ.get(ENV_SERVER)
     if env:
         return Path(env)
-    from . import _dropin
+    from .. import _dropin
     from .engine import lib_dir
     # the engine's rule ($LLAMA_CPP_LIB_PATH, our lib/, a source checkout's installed one),
     # asked for the directory that holds llama-server

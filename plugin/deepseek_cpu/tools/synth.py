@@ -50,10 +50,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .cache import cache_root
-from .errors import DeepseekCpuError
-from .hookspecs import hookimpl
-from .quant_types import QUANT_TYPES
+from ..cache import cache_root
+from ..errors import DeepseekCpuError
+from ..hookspecs import hookimpl
+from ..quantization.types import QUANT_TYPES
 
 
 class SynthError(DeepseekCpuError, ValueError):
@@ -154,7 +154,7 @@ def real_config(shape: str, layers: int | None = None) -> dict:
 # ------------------------------------------------------------------------------------
 
 def converter_for(cfg: dict):
-    from .converters.deepseek import DeepseekConverter
+    from ..converters.deepseek import DeepseekConverter
     return DeepseekConverter(cfg, Path(str(cfg.get("_name_or_path", "synthetic"))))
 
 
@@ -178,7 +178,7 @@ class Mix:
 
 # The mixes tensor_type() below reproduces (q2_k, q3_k_* and iq4_* have recipes of their
 # own it does not implement), in --quant's order; each one's default tensor type and file
-# type come from the registry (quant_types.py).
+# type come from the registry (quantization/types.py).
 MIX_NAMES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
              "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
 MIXES: dict[str, Mix] = {n: Mix(n, QUANT_TYPES[n].ggml_type, QUANT_TYPES[n].file_type) for n in MIX_NAMES}
@@ -359,7 +359,7 @@ def fetch_tokenizer(version: str, download: bool = True, log=None) -> tuple[Path
 
 def _byte_level_tokenizer(cfg: dict, pre: str):
     """Stand-in: the 256 byte tokens, no merges, BOS/EOS at the real ids, UNUSED padding."""
-    from .converters.tokenizer import TokenizerData
+    from ..converters.tokenizer import TokenizerData
     b2u: dict[int, str] = {}
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -394,7 +394,7 @@ def _byte_level_tokenizer(cfg: dict, pre: str):
 def synth_tokenizer(shape: str, cfg: dict, source: str = "auto", log=None):
     """(TokenizerData, description). source: 'auto' (real, downloading if needed),
     'offline' (real if installed/cached), 'bytes' (stand-in), or a directory with tokenizer.json."""
-    from .converters import tokenizer as tk
+    from ..converters import tokenizer as tk
     version, pre = TOKENIZERS[shape]
     default_pre = "deepseek-v3" if version == "0.3.0" else (pre or "deepseek-llm")
     d, why = None, "byte-level stand-in (requested)"
@@ -504,7 +504,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
         raise SynthError(f"{out_dir}: output directory does not exist")
     tok, tok_src = synth_tokenizer(shape, cfg, tokenizer, log=log)
 
-    from .converters import tokenizer as tk
+    from ..converters import tokenizer as tk
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".partial", dir=out_dir)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -543,7 +543,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
             _write_streamed(writer, t.name, t.nbytes, counted(rnd.chunks(t.qtype, t.n_elem, t.kind)))
             bar.set_postfix_str(t.name, refresh=False)
         bar.close()
-        from .convert import finish_gguf
+        from ..conversion.convert import finish_gguf
         finish_gguf(writer, tmp, out_path)
     except BaseException:
         try:

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .hookspecs import hookimpl
+from ..hookspecs import hookimpl
 
 SCHEMA = "deepseek-cpu-bench/1"
 # metric -> (label, unit, higher is better)
@@ -75,7 +75,7 @@ def child_run(spec: dict) -> dict:
     import numpy as np
     engine = spec["engine"]
     if engine == "ours":
-        from deepseek_cpu.llama import Llama
+        from deepseek_cpu.runtime.llama import Llama
     else:
         from llama_cpp import Llama
     import llama_cpp as lc
@@ -173,7 +173,7 @@ def child_run(spec: dict) -> dict:
 
 
 def _loaded_libllama() -> str | None:
-    from .engine import mapped_libllama
+    from ..runtime.engine import mapped_libllama
     return mapped_libllama()
 
 
@@ -196,8 +196,8 @@ def ours_lib_dir(explicit: str | None = None) -> Path:
     """Where our engine lives: --ours-lib, $LLAMA_CPP_LIB_PATH, this package's lib/, or
     an installed deepseek_cpu/lib on sys.path (a source checkout using the installed engine);
     the first that holds a libllama.so, by _dropin.find_lib_dir's rule."""
-    from . import _dropin
-    from .engine import EngineNotFound
+    from .. import _dropin
+    from ..runtime.engine import EngineNotFound
     if explicit is not None:
         # measuring another engine than the one asked for would make the numbers a lie
         if not os.path.isfile(os.path.join(explicit, _dropin.LIBLLAMA)):
@@ -216,7 +216,7 @@ def _child_env(lib: Path) -> dict:
     env.pop("DEEPSEEK_CPU_DISABLE", None)
     env.pop("MTMD_CPP_LIB", None)
     # the child must import this deepseek_cpu (where this process found it; not resolving links)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
@@ -228,7 +228,7 @@ def run_once(engine: str, lib: Path, spec: dict, timeout: float) -> dict:
         Path(sp).write_text(json.dumps(s))
         t = time.perf_counter()
         try:
-            p = subprocess.run([sys.executable, "-m", "deepseek_cpu.bench", "--child", sp], env=_child_env(lib),
+            p = subprocess.run([sys.executable, "-m", "deepseek_cpu.tools.bench", "--child", sp], env=_child_env(lib),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
@@ -281,8 +281,8 @@ def _gguf_info(path: str) -> dict:
 
 
 def _host() -> dict:
-    from .engine import cpu_features
-    from .resources import available_memory
+    from ..runtime.engine import cpu_features
+    from ..runtime.resources import available_memory
     model = ""
     try:
         for line in open("/proc/cpuinfo"):
@@ -319,7 +319,7 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
           stock_lib: str | None = None, seed: int = 0, timeout: float = 3600, warm_cache: bool = True,
           warm_load: bool = True, log=None) -> dict:
     """Run the benchmark (see the module docstring); returns the JSON-ready result."""
-    from .resources import default_threads
+    from ..runtime.resources import default_threads
     if log is None:
         def log(msg, nl=True):
             print(msg, file=sys.stderr, end="\n" if nl else "", flush=True)

@@ -24,9 +24,9 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .errors import DeepseekCpuError
+from ..errors import DeepseekCpuError
 
-log = logging.getLogger("deepseek_cpu.download")
+log = logging.getLogger("deepseek_cpu.hub.download")
 
 PARTIAL_SUFFIX = ".dscpu-partial"
 

@@ -6,8 +6,9 @@ import time
 
 import click
 
-from . import quant_types
-from .hookspecs import hookimpl
+from ..quantization import types as quant_types
+from ..hookspecs import hookimpl
+from .pipeline import pull
 
 
 @click.command("pull")
@@ -33,7 +34,6 @@ def pull_cmd(repo, quant, revision, token, output_dir, cache_dir, delete_snapsho
 
     Prints the GGUF's path, then a line of Python that runs it. A second pull of the same
     repo, revision and --quant returns the cached GGUF at once."""
-    from .hub import pull
     t0 = time.time()
     echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
     try:

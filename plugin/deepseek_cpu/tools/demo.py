@@ -9,17 +9,17 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .hookspecs import hookimpl
+from ..hookspecs import hookimpl
 
 # package data (also the test suite's `v2_group` fixture: tests/fixture_paths.py)
-DATA = Path(__file__).parent / "data" / "tiny-deepseek-v2"
+DATA = Path(__file__).parent.parent / "data" / "tiny-deepseek-v2"
 TOLERANCE = 1e-4
 
 
 def run_demo(echo=print) -> float:
-    from .convert import convert
-    from .engine import require_patched
-    from .llama import Llama
+    from ..conversion.convert import convert
+    from ..runtime.engine import require_patched
+    from ..runtime.llama import Llama
 
     echo(f"engine: {require_patched()}")
     ckpt = DATA

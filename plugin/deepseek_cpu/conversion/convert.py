@@ -18,11 +18,11 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from . import plugins
-from .converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode_pieces
-from .converters.checkpoint import Checkpoint, CheckpointError
-from .converters import tokenizer as tk
-from .quant_types import QUANT_TYPES
+from .. import plugins
+from ..converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode_pieces
+from ..converters.checkpoint import Checkpoint, CheckpointError
+from ..converters import tokenizer as tk
+from ..quantization.types import QUANT_TYPES
 
 __all__ = ["convert", "ConversionError", "UnsupportedArchitecture", "CheckpointError", "read_config", "find_converter"]
 
@@ -197,16 +197,3 @@ def _bar(total: int, desc: str, enabled: bool):
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
                 disable=not enabled, leave=False)
 
-
-class _CallableModule(type(os)):
-    """`deepseek_cpu.convert(...)` is documented as the function, but importing this
-    submodule makes the package attribute of the same name the module; calling the module
-    calls the function, so both spellings work whichever was imported first."""
-
-    def __call__(self, *args, **kwargs):
-        return convert(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,1 @@
+"""The conversion framework: a Hugging Face checkpoint to a GGUF through the converter plugins."""

@@ -1,0 +1,1 @@
+"""Loading the engine, the drop-in Llama, serving and chatting."""

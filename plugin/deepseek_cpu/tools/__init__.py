@@ -1,0 +1,1 @@
+"""Developer and demo commands: benchmarks, synthetic models, the stock llama.cpp build, the demo."""

@@ -6,8 +6,9 @@ known through the `deepseek_cpu` entry-point group of its distribution:
     [project.entry-points.deepseek_cpu]
     my_arch = "my_package.plugin"
 
-Built-in features (the DeepSeek converters, quantization schemes, prefetch policies)
-are registered through the same hooks.
+The built-in features (the DeepSeek converter, and the commands demo, pull, synth, bench,
+serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
+docs/plugins.md has a runnable example for each hook.
 """
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def deepseek_cpu_converter(config: dict, model_dir: "Path") -> Any:
     """Return a converter for this checkpoint, or None if the plugin does not handle it.
 
-    `config` is the checkpoint's config.json. The first non-None answer wins. A converter
-    is an object with `describe()`, `architectures` and the methods used by
-    `deepseek_cpu.convert` (see converters/base.py)."""
+    `config` is the checkpoint's config.json. The first non-None answer wins. What
+    `deepseek_cpu.convert` uses of a converter (converters/deepseek.py is the built-in one):
+      arch                      the GGUF architecture name (str), e.g. "deepseek2"
+      write_metadata(writer)    add the model's GGUF keys to a gguf.GGUFWriter
+      plan(checkpoint, outtype) -> list[converters.base.TensorPlan]: every output tensor's
+                                name, shape, type and a function producing its float32 data
+    The tokenizer is written by the framework (converters/tokenizer.py), not by the converter."""
 
 
 @hookspec
@@ -48,7 +53,8 @@ def deepseek_cpu_tensor_transforms(converter: Any) -> list[Callable[[str, "np.nd
 
 @hookspec
 def deepseek_cpu_quant_schemes() -> dict[str, Any]:
-    """Quantization schemes this plugin provides, by name.
+    """Quantization schemes this plugin provides, by name. Reserved: nothing calls this hook
+    yet; its contract is fixed when `deepseek-cpu quantize --scheme` lands.
 
     The built-in types (f32 ... q8_0 written by the converter, llama.cpp's q4_0 ... iq4_xs)
     are not registered through this hook: they live in one table, deepseek_cpu/quantization/types.py,
@@ -57,7 +63,8 @@ def deepseek_cpu_quant_schemes() -> dict[str, Any]:
 
 @hookspec
 def deepseek_cpu_prefetch_policies() -> dict[str, Any]:
-    """Cold/hot weight prefetch policies this plugin provides, by name."""
+    """Cold/hot weight prefetch policies this plugin provides, by name. Reserved: nothing
+    calls this hook yet; its contract is fixed when the engine's expert prefetch lands."""
 
 
 @hookspec

@@ -61,17 +61,19 @@ def read_shape(path: str) -> ModelShape | None:
             return default
         return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else default
 
-    arch_f = r.fields.get("general.architecture")
+    K = gguf.Keys
+    arch_f = r.fields.get(K.General.ARCHITECTURE)
     arch = bytes(arch_f.parts[arch_f.data[0]]).decode() if arch_f else "unknown"
-    n_layer = int(val(f"{arch}.block_count", 0) or 0)
-    n_ctx_train = int(val(f"{arch}.context_length", 4096) or 4096)
-    kv_lora = val(f"{arch}.attention.kv_lora_rank")
+    n_layer = int(val(K.LLM.BLOCK_COUNT.format(arch=arch), 0) or 0)
+    n_ctx_train = int(val(K.LLM.CONTEXT_LENGTH.format(arch=arch), 4096) or 4096)
+    kv_lora = val(K.Attention.KV_LORA_RANK.format(arch=arch))
     if kv_lora is not None:
         # MLA: one latent row (kv_lora + rope dims) per token and layer
-        per_layer = int(kv_lora) + int(val(f"{arch}.rope.dimension_count", 64))
+        per_layer = int(kv_lora) + int(val(K.Rope.DIMENSION_COUNT.format(arch=arch), 64))
     else:
-        heads_kv = int(val(f"{arch}.attention.head_count_kv", 1) or 1)
-        per_layer = heads_kv * (int(val(f"{arch}.attention.key_length", 128)) + int(val(f"{arch}.attention.value_length", 128)))
+        heads_kv = int(val(K.Attention.HEAD_COUNT_KV.format(arch=arch), 1) or 1)
+        per_layer = heads_kv * (int(val(K.Attention.KEY_LENGTH.format(arch=arch), 128)) +
+                                int(val(K.Attention.VALUE_LENGTH.format(arch=arch), 128)))
     return ModelShape(arch, n_layer, n_ctx_train, 2 * per_layer * max(n_layer, 1), os.path.getsize(path))
 
 

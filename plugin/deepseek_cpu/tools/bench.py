@@ -267,9 +267,11 @@ def _gguf_info(path: str) -> dict:
                 return None
             v = f.parts[f.data[0]]
             return bytes(v).decode(errors="replace") if f.types and f.types[0] == gguf.GGUFValueType.STRING else v.tolist()[0]
-        arch = val("general.architecture")
-        info.update({"architecture": arch, "name": val("general.name"), "file_type": val("general.file_type"),
-                     "block_count": val(f"{arch}.block_count"), "synthetic_shape": val("deepseek_cpu.synth.shape"),
+        from .synth import SHAPE_KEY as SYNTH_SHAPE_KEY
+        K = gguf.Keys
+        arch = val(K.General.ARCHITECTURE)
+        info.update({"architecture": arch, "name": val(K.General.NAME), "file_type": val(K.General.FILE_TYPE),
+                     "block_count": val(K.LLM.BLOCK_COUNT.format(arch=arch)), "synthetic_shape": val(SYNTH_SHAPE_KEY),
                      "n_tensors": len(r.tensors)})
         types: dict[str, int] = {}
         for t in r.tensors:

@@ -61,6 +61,8 @@ class SynthError(DeepseekCpuError, ValueError):
     output directory or tokenizer); the CLI prints it as one Error: line."""
 
 Q = gguf.GGMLQuantizationType
+# the GGUF key a synthetic file carries: which real model's shapes it copies (read back by bench)
+SHAPE_KEY = "deepseek_cpu.synth.shape"
 
 # ------------------------------------------------------------------------------------
 # The real config.json files (deepseek-ai/<repo>/config.json on the Hugging Face hub),
@@ -520,7 +522,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
         writer.add_description(
             f"deepseek-cpu synth: RANDOM weights with the shapes of {cfg['_name_or_path']} "
             f"({cfg['num_hidden_layers']} of {full_layers} layers, {quant}); for benchmarks only")
-        writer.add_string("deepseek_cpu.synth.shape", shape)
+        writer.add_string(SHAPE_KEY, shape)
         writer.add_uint32("deepseek_cpu.synth.full_block_count", full_layers)
         writer.add_uint32("deepseek_cpu.synth.seed", seed)
         writer.add_string("deepseek_cpu.synth.tokenizer", tok_src)

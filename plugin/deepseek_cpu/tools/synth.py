@@ -89,22 +89,18 @@ REAL_CONFIGS: dict[str, dict] = {
         "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True,
         "v_head_dim": 128, "vocab_size": 102400,
     },
-    # deepseek-ai/DeepSeek-V2 (236B; V2-Chat and V2.5 have the same shapes)
-    "v2": {
-        "_name_or_path": "deepseek-ai/DeepSeek-V2",
-        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
-        "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
-        "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
-        "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 12288, "kv_lora_rank": 512,
-        "max_position_embeddings": 163840, "moe_intermediate_size": 1536, "moe_layer_freq": 1,
-        "n_group": 8, "n_routed_experts": 160, "n_shared_experts": 2, "norm_topk_prob": False,
-        "num_attention_heads": 128, "num_experts_per_tok": 6, "num_hidden_layers": 60,
-        "num_key_value_heads": 128, "pretraining_tp": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": dict(_V2_ROPE), "rope_theta": 10000,
-        "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
-        "topk_group": 3, "topk_method": "group_limited_greedy", "torch_dtype": "bfloat16", "use_cache": True,
-        "v_head_dim": 128, "vocab_size": 102400,
-    },
+}
+# deepseek-ai/DeepSeek-V2 (236B; V2-Chat and V2.5 have the same shapes): V2-Lite's config.json
+# with these keys changed (the published files differ in nothing else)
+REAL_CONFIGS["v2"] = {
+    **REAL_CONFIGS["v2-lite"],
+    "_name_or_path": "deepseek-ai/DeepSeek-V2",
+    "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+    "n_group": 8, "n_routed_experts": 160, "num_attention_heads": 128, "num_hidden_layers": 60,
+    "num_key_value_heads": 128, "q_lora_rank": 1536, "routed_scaling_factor": 16.0,
+    "topk_group": 3, "topk_method": "group_limited_greedy", "rope_scaling": dict(_V2_ROPE),
+}
+REAL_CONFIGS |= {
     # deepseek-ai/DeepSeek-V3 (671B; R1 and V3-0324 have the same shapes). The release is FP8
     # with per-block scales and one multi-token-prediction layer (61); the converter works on
     # the bf16 form and drops MTP, so neither appears here.

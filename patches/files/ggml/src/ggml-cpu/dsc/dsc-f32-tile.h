@@ -1,7 +1,7 @@
 #pragma once
 
-// deepseek-cpu: the f32 outer-product register tile of the x86 flash attention (ops.cpp, patch 0022)
-// and of the f32 x f32 GEMM (ggml-cpu.c, patch 0027), shared by C and C++:
+// deepseek-cpu: the f32 outer-product register tile of the x86 flash attention (dsc/flash-attn-f32.cpp)
+// and of the f32 x f32 GEMM (dsc/f32-gemm.c), shared by C and C++:
 //   C[i][0..15] (+)= sum_kk A[i*a_si + kk*a_sk] * B[kk*ldb + 0..15],  i < rm <= DSC_F32_TILE_MR
 // The output columns are the SIMD dimension, so A's values are broadcasts (load-pipe uops) and a
 // 6 x 16 tile takes 2 B vectors per 12 FMAs, with no horizontal reduction. zero: C starts at 0

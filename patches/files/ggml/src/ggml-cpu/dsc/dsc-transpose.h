@@ -1,8 +1,8 @@
 #pragma once
 
 // deepseek-cpu: the 8 x 8 transpose of 32-bit groups that puts 8 weight rows side by side, 4 bytes of
-// each per vector (0028's q5_0/q8_0 re-layout in ggml-cpu.c, 0036's q6_K unpacking in
-// arch/x86/repack.cpp), shared by C and C++: o[c] gets dword c of v[0..7], v[r]'s in lane r.
+// each per vector (the q5_0/q8_0 re-layout in dsc/mul-mat-id-experts.c, the q6_K unpacking in
+// dsc/x86-repack.cpp), shared by C and C++: o[c] gets dword c of v[0..7], v[r]'s in lane r.
 
 #if defined(__AVX2__)
 #include <immintrin.h>

@@ -2,19 +2,22 @@
 
 // deepseek-cpu: every tuning constant of our kernels, in one place. Each can be overridden at
 // build time (CMAKE_C_FLAGS / CMAKE_CXX_FLAGS="-DNAME=VALUE"); the values here are the measured
-// defaults (docs/engine.md gives each one's measurement and valid range). Constants fixed by a
-// data layout and switches derived from the target ISA stay next to the code that needs them.
+// defaults (docs/engine.md gives each one's valid range, docs/patch-notes.md the measurements).
+// Constants fixed by a data layout and switches derived from the target ISA stay next to the
+// code that needs them.
 // Shared by C and C++.
 //
-// The engine's run-time switches, read once from the environment (docs/engine.md has the details):
-//   DEEPSEEK_CPU_OP_PROFILE=1  per-op time table at exit (ggml-cpu/dsc/op-profile)        default off
+// The engine's run-time switches, read from the environment (OP_PROFILE, MQA_FA and HUGEPAGES once,
+// the others at each context, graph build or large tensor); docs/engine.md has the details:
+//   DEEPSEEK_CPU_OP_PROFILE=1  per-op time table at exit (ggml/src/ggml-cpu/dsc/op-profile.c) default off
 //   DEEPSEEK_CPU_MQA_FA=0      one-token MLA attention as four stock ops (src/llama-graph.cpp,
-//                              ggml-cpu/dsc/ mla attention)                                  default on
+//                              ggml/src/ggml-cpu/dsc/mla-attention.cpp)                     default on
 //   DEEPSEEK_CPU_MLA_MHA=0|1   force the absorbed (0) or decompressed (1) MLA form
 //                              (src/dsc/mla-attention-graph.cpp)                  default: by cost
 //   DEEPSEEK_CPU_MLA_FA=0      decompressed prefill through KQ/softmax/KQV, not flash attention
 //                              (src/dsc/mla-attention-graph.cpp)                            default on
-//   DEEPSEEK_CPU_HUGEPAGES=0   no transparent-huge-page hint on buffers >= 32 MiB (ggml/src/ggml.c) on
+//   DEEPSEEK_CPU_HUGEPAGES=0   no transparent-huge-page hint on buffers >= 32 MiB
+//                              (ggml/src/ggml.c)                                            default on
 //   DEEPSEEK_CPU_PREFAULT=0    no multi-threaded prefault of tensor destinations at load
 //                              (src/dsc/loader-memory.cpp)                                  default on
 //   DEEPSEEK_CPU_FORCE_ROPE=1  the wrapper's rope_freq_* win over the GGUF's YaRN values

@@ -143,9 +143,9 @@ UPSTREAM_LINES_BUDGET = 1000
 def _series_diffs() -> list[tuple[str, dict[str, tuple[list[str], list[str]]]]]:
     """Each patch of the series with, per file it touches, its added and removed lines."""
     out = []
-    for p in prepare.read_series(REPO / "patches"):
+    for name in prepare.read_series(REPO / "patches"):
         files, cur = {}, None
-        for line in p.read_text().split("\n---\n", 1)[1].splitlines():
+        for line in (REPO / "patches" / name).read_text().split("\n---\n", 1)[1].splitlines():
             if line.startswith("+++ "):
                 cur = files.setdefault(line[6:] if line.startswith("+++ b/") else line[4:], ([], []))
             elif line.startswith("--- ") or line.startswith("diff ") or line.startswith("index "):
@@ -154,7 +154,7 @@ def _series_diffs() -> list[tuple[str, dict[str, tuple[list[str], list[str]]]]]:
                 cur[0].append(line[1:])
             elif cur is not None and line.startswith("-"):
                 cur[1].append(line[1:])
-        out.append((prepare.series_name(p), files))
+        out.append((name, files))
     return out
 
 

@@ -123,52 +123,38 @@ def add_own_files(tree: Path, files: list[Path], patches: Path) -> None:
         print(f"deepseek-cpu: added {rel}", flush=True)
 
 
-def read_series(patches: Path) -> list[Path]:
-    """The series' patches in order; names are paths under patches/ (fixes/x.patch)."""
-    series = patches / "series"
-    names = [l.strip() for l in series.read_text().splitlines() if l.strip() and not l.startswith("#")]
-    out = []
-    for n in names:
-        p = SeriesPatch(patches / n)
-        p.series_name = n
-        out.append(p)
-    return out
+def read_series(patches: Path) -> list[str]:
+    """The series' patch names in order: paths under patches/ (fixes/x.patch; the folder is
+    the patch's group)."""
+    lines = (patches / "series").read_text().splitlines()
+    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
 
 
-class SeriesPatch(type(Path())):
-    """A patch of the series: a path that also knows the name the series gives it (its path
-    under patches/, e.g. fixes/server-malformed-json-is-a-400.patch: the folder is its group)."""
-    series_name: str
-
-
-def series_name(p: Path) -> str:
-    return getattr(p, "series_name", p.name)
-
-
-def series_sha256(series: list[Path], files: list[Path], patches: Path | None) -> str:
+def series_sha256(patches: Path | None, names: list[str], files: list[Path]) -> str:
     """One name for the exact change set: sha256 of the patches' bytes in series order, then
     of each own file's path under patches/files and its bytes (the build marker carries the
     first 12 hex digits instead of every patch's name)."""
     h = hashlib.sha256()
-    for p in series:
-        if p.exists():
-            h.update(p.read_bytes())
+    for n in names:
+        if (patches / n).exists():
+            h.update((patches / n).read_bytes())
     for f in files:
         h.update(f.relative_to(patches / "files").as_posix().encode() + b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()
 
 
-def apply_patches(tree: Path, series: list[Path]) -> None:
-    for p in series:
+def apply_patches(tree: Path, patches: Path, names: list[str]) -> None:
+    for n in names:
+        p = patches / n
         if not p.exists():
-            raise PrepareError(f"patches/series names {series_name(p)}, which does not exist")
+            raise PrepareError(f"patches/series names {n}, which does not exist")
         base = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(tree), "-i", str(p)]
         dry = subprocess.run(base + ["--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if dry.returncode != 0:
-            raise PrepareError(f"patch {series_name(p)} does not apply to the pinned source:\n{dry.stdout}")
+            raise PrepareError(f"patch {n} does not apply to the pinned source:\n{dry.stdout}")
         subprocess.run(base + ["--quiet"], check=True)
-        print(f"deepseek-cpu: applied {series_name(p)}", flush=True)
+        print(f"deepseek-cpu: applied {n}", flush=True)
 
 
 def load_pin() -> dict:
@@ -198,14 +184,14 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
     """Unpack the pinned source into `dest` and apply the series in `patches`;
     patches=None gives the stock tree (no patches), e.g. for `bench --compare-stock`."""
     pin = pin or load_pin()
-    series = read_series(patches) if patches is not None else []
+    names = read_series(patches) if patches is not None else []
     files = own_files(patches) if patches is not None else []
     sdist = locate_sdist(pin)
-    stamp_data = {"sha256": pin["sha256"], "patches": {series_name(p): sha256_of(p) for p in series if p.exists()},
+    stamp_data = {"sha256": pin["sha256"], "patches": {n: sha256_of(patches / n) for n in names if (patches / n).exists()},
                   "files": {str(f.relative_to(patches)): sha256_of(f) for f in files}}
     stamp = dest / ".deepseek-cpu-stamp.json"
-    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": [series_name(p) for p in series],
-            "series_sha256": series_sha256(series, files, patches)}
+    info = {"commit": pin["llama_cpp_commit"], "version": pin["version"], "patches": names,
+            "series_sha256": series_sha256(patches, names, files)}
     if stamp.exists() and json.loads(stamp.read_text()) == stamp_data:
         return info
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=dest.parent))
@@ -222,7 +208,7 @@ def prepare(dest: Path, patches: Path | None = ROOT / "patches", pin: dict | Non
         tree = tmp / pin["llama_cpp_dir"]
         # the submodule pointer would make llama.cpp's build look for a parent git repo
         (tree / ".git").unlink(missing_ok=True)
-        apply_patches(tree, series)
+        apply_patches(tree, patches, names)
         if patches is not None:
             add_own_files(tree, files, patches)
         (tree / ".deepseek-cpu-stamp.json").write_text(json.dumps(stamp_data))

@@ -208,7 +208,8 @@ def converted_pre(request, tmp_path_factory):
         ckpt = _checkpoint_with_vocab(fixture, tmp / "ckpt", n_vocab, tj, tok_cfg)
     out = convert(ckpt, tmp / f"{name}.gguf", outtype="f32", progress=False)
     # the engine is the judge: it must accept the label and build its tokenizer from it
-    llm = Llama(str(out), n_ctx=64, n_threads=2, verbose=False)
+    # logits_all: without it llama-cpp-python 0.3.36 never writes `scores` (np.ndarray, uninitialized)
+    llm = Llama(str(out), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
     hf = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     yield name, hf, llm, vocab_file, out
     llm.close()
@@ -224,8 +225,10 @@ def test_engine_reads_the_label_as_written(converted_pre):
     assert llm.metadata["tokenizer.ggml.model"] == tk.TOKENIZER_MODEL
     # the loaded model is usable end to end: one evaluated token gives finite logits
     llm.reset()
-    llm.eval(_engine_ids(llm, "Hello", special=False))
-    assert np.isfinite(np.asarray(llm.scores[0])).all()
+    ids = _engine_ids(llm, "Hello", special=False)
+    llm.eval(ids)
+    logits = np.asarray(llm.scores[: len(ids)])
+    assert np.isfinite(logits).all() and logits.std(axis=1).min() > 0
 
 
 def _llama_cpp_vectors(vocab_file: Path) -> list[tuple[str, list[int]]]:

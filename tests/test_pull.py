@@ -443,16 +443,29 @@ def test_cli_entry_point_shows_no_traceback(hub):
         " (check the name; if it is private, pass --token or set HF_TOKEN)"
 
 
+def _unloadable_gguf(path):
+    """A well-formed GGUF that llama.cpp cannot load as a model (no known architecture)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "no-such-arch")
+    w.add_tensor("blk.0.attn_output.weight", np.zeros((64, 64), dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
 def test_quantize_failure_is_a_clear_error(tmp_path):
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"not a gguf" * 10)
-    with pytest.raises(hubmod.PullError, match=r"llama.cpp could not quantize to q4_k_m \(code \d+: .+\); try another"):
+    bad = _unloadable_gguf(tmp_path / "bad.gguf")
+    with pytest.raises(hubmod.PullError, match=r"llama.cpp could not quantize bad.gguf with q4_k_m \(code \d+\): "
+                                               r".*no-such-arch.*; try another"):
         hubmod.quantize(bad, tmp_path / "out.gguf", "q4_k_m", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf" * 10)
+    with pytest.raises(hubmod.PullError, match=r"junk.gguf: not a readable GGUF \(GGUF magic invalid\)$"):
+        hubmod.quantize(junk, tmp_path / "out.gguf", "q4_k_m", progress=False)
 
 
 def test_unknown_quant_and_bad_repo_id():
-    with pytest.raises(hubmod.PullError, match="unknown quantization 'q9_z'"):
+    with pytest.raises(hubmod.PullError, match="unknown quantization scheme 'q9_z'; known schemes: f32, .*ds-q4"):
         hubmod.pull("a/b", quant="q9_z")
     with pytest.raises(hubmod.PullError, match="not a hub repo id"):
         hubmod.pull("just-a-name", quant="q8_0")
@@ -493,8 +506,7 @@ def test_quantizer_loads_the_engine_and_log_callback_without_llama_py(tmp_path):
     """runtime/llama_log.py imports alone and installs the log callback; the hub's quantizer, run in a
     fresh interpreter, gets llama_cpp and that callback from it, never importing llama.py; and
     llama.py still offers the callback under its old names (the same objects)."""
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"not a gguf" * 10)
+    bad = _unloadable_gguf(tmp_path / "bad.gguf")
     r = run_python(
         "import sys\n"
         "import deepseek_cpu.runtime.llama_log as ll, llama_cpp._logger as lg\n"
@@ -509,7 +521,7 @@ def test_quantizer_loads_the_engine_and_log_callback_without_llama_py(tmp_path):
         "assert dl.safe_log_callback is ll.safe_log_callback and dl.install_log_callback is ll.install_log_callback\n")
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("PullError: llama.cpp could not quantize to q4_k_m (code "), lines[0]
+    assert lines[0].startswith("PullError: llama.cpp could not quantize bad.gguf with q4_k_m (code "), lines[0]
     assert "no message" not in lines[0]  # llama.cpp's own words reached the quantizer through the callback
     assert "'deepseek_cpu.runtime.llama'" not in lines[1] and "'llama_cpp'" in lines[1], lines[1]
 

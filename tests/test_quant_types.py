@@ -54,33 +54,36 @@ def test_direct_and_llama_quantized_split_the_names():
     assert qt.DEFAULT_PULL in qt.LLAMA_QUANTIZED
 
 
-def _choices(command: str, option: str) -> tuple:
+def _param(command: str, option: str):
     from deepseek_cpu.cli import cli
     cmd = cli.get_command(click.Context(cli), command)
-    param = next(p for p in cmd.params if p.name == option)
-    return tuple(param.type.choices), param.default
+    return next(p for p in cmd.params if p.name == option)
 
 
 def test_cli_choices_are_the_registrys():
-    assert _choices("convert", "outtype") == (qt.DIRECT, "bf16")
-    assert _choices("pull", "quant") == (qt.NAMES, qt.DEFAULT_PULL)
-    from deepseek_cpu.tools import synth
-    names, default = _choices("synth", "quant")
-    assert names == tuple(synth.MIXES) == synth.MIX_NAMES and default == "q4_0"
-    assert set(names) <= set(qt.NAMES)
+    from deepseek_cpu.quantization import registry
+    from deepseek_cpu.quantization.registry import SchemeName
+    p = _param("convert", "outtype")
+    assert tuple(p.type.choices) == qt.DIRECT
+    # every scheme name (built-in types, DeepSeek mixes, plugins') is taken by every command
+    for command, option, default in (("pull", "quant", qt.DEFAULT_PULL), ("convert", "quant", None),
+                                     ("quantize", "scheme", "q4_k_m"), ("synth", "quant", "q4_0")):
+        p = _param(command, option)
+        assert isinstance(p.type, SchemeName) and p.default == default, command
+    assert set(qt.NAMES) <= set(registry.schemes())
 
 
 def test_converter_and_synth_read_the_registry():
     from deepseek_cpu.conversion import convert
-    from deepseek_cpu.tools import synth
+    from deepseek_cpu.quantization import registry
     from deepseek_cpu.converters.base import OUTTYPES
     assert OUTTYPES == {n: QUANT_TYPES[n].ggml_type for n in qt.DIRECT}
     assert list(OUTTYPES) == list(qt.DIRECT)
     for n in qt.DIRECT:
         assert convert._file_type(n) == QUANT_TYPES[n].file_type
-    for name, mix in synth.MIXES.items():
-        assert (mix.name, mix.default, mix.file_type) == (name, QUANT_TYPES[name].ggml_type,
-                                                          QUANT_TYPES[name].file_type)
+    for name, t in QUANT_TYPES.items():
+        s = registry.get(name)
+        assert (s.base, s.file_type, s.rules, s.direct) == (name, t.file_type, (), t.direct)
 
 
 def test_pull_reads_the_registry():

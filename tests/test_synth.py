@@ -12,7 +12,11 @@ import pytest
 
 from conftest import CHECKPOINTS, fixture_dir
 
+from deepseek_cpu.quantization import registry
 from deepseek_cpu.tools import synth
+
+# the schemes whose every tensor type synth predicts exactly (llama.cpp's recipes it imitates)
+EXACT_SCHEMES = [n for n, s in registry.schemes().items() if s.exact_prediction]
 
 Q = gguf.GGMLQuantizationType
 
@@ -121,10 +125,19 @@ def llama_quantize_types(src, quant: str) -> dict[str, gguf.GGMLQuantizationType
     and hyperparameters as in a real run, but no data is read: weights left as holes serve."""
     from deepseek_cpu.runtime import llama as _engine  # noqa: F401  (our libllama; its log callback writes sys.stderr)
     import llama_cpp
+    import ctypes
+    scheme = registry.get(quant)
     p = llama_cpp.llama_model_quantize_default_params()
-    # the mix by llama.cpp's own name for it, not by synth's table of file types
-    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + ("ALL_F32" if quant == "f32" else "MOSTLY_" + quant.upper()))
+    # the base mix by llama.cpp's own name for it, not by our table of file types
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + ("ALL_F32" if scheme.base == "f32" else "MOSTLY_" + scheme.base.upper()))
     p.dry_run, p.nthread = True, 1
+    # the scheme's rules as llama-quantize's --tensor-type overrides
+    rules = (llama_cpp.llama_model_tensor_override * (len(scheme.rules) + 1))()
+    for i, (pattern, tname) in enumerate(scheme.rules):
+        rules[i].pattern, rules[i].type = pattern.encode(), int(gguf.GGMLQuantizationType[tname.upper()])
+    rules[len(scheme.rules)].pattern = None
+    if scheme.rules:
+        p.tt_overrides = ctypes.cast(rules, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
     log = logging.getLogger("llama-cpp-python")  # its level decides which llama.cpp lines are printed
     level = log.level
     log.setLevel(logging.DEBUG)
@@ -135,11 +148,11 @@ def llama_quantize_types(src, quant: str) -> dict[str, gguf.GGMLQuantizationType
     finally:
         log.setLevel(level)
     assert rc == 0, buf.getvalue()[-3000:]
-    assert int(synth.MIXES[quant].file_type) == p.ftype  # and synth's general.file_type names that mix
+    assert int(scheme.file_type) == p.ftype  # and synth's general.file_type names that mix
     return {m[1]: Q[(m[3] or m[2]).upper()] for m in _QUANT_LINE.finditer(buf.getvalue())}
 
 
-@pytest.mark.parametrize("quant", list(synth.MIXES))
+@pytest.mark.parametrize("quant", EXACT_SCHEMES)
 @pytest.mark.parametrize("shape", synth.SHAPES)
 def test_tensor_types_are_llama_quantizes(full_size, shape, quant):
     """Every tensor of the whole model gets the type llama.cpp's quantizer picks for the real
@@ -193,7 +206,7 @@ def test_small_file_loads_and_gives_finite_logits(small_files, quant):
     assert _field(r, "deepseek2.expert_count") == 64
     assert _field(r, "deepseek2.attention.kv_lora_rank") == 512
     assert _field(r, "deepseek2.attention.q_lora_rank") == 0    # truncated, so that stock loads it too
-    assert _field(r, "general.file_type") == int(synth.MIXES[quant].file_type)
+    assert _field(r, "general.file_type") == int(registry.get(quant).file_type)
     assert _field(r, "tokenizer.ggml.pre") == "deepseek-llm"
     assert len(r.fields["tokenizer.ggml.tokens"].data) == 102400
 

@@ -1,7 +1,8 @@
 """deepseek-cpu: the DeepSeek-V2 family on CPUs, correct and fast.
 
 `from deepseek_cpu import Llama` gives llama_cpp.Llama with DeepSeek-friendly CPU
-defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGUF.
+defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGUF,
+`deepseek_cpu.quantize(...)` quantizes one by a scheme (`deepseek_cpu.Scheme`).
 Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
 
 The package, one folder per concern (cli.py holds the core commands, then asks the
@@ -9,14 +10,14 @@ deepseek_cpu_register_commands hook; plugins.py registers the built-ins like any
     runtime/       the engine, the drop-in Llama, its log callback, resources, serve, chat
     conversion/    a Hugging Face checkpoint to a GGUF through the converter plugins
     converters/    the built-in DeepSeek converter (a plugin; top-level converters/ in the repo)
-    quantization/  the one registry of quantization types
+    quantization/  types, schemes (a registry fed by the hook), quantize, imatrix
     hub/           from a hub repo to a ready GGUF: download, convert, quantize, cache; `pull`
     tools/         bench, synth, the stock llama.cpp build, demo
     data/          the demo model
 """
 from __future__ import annotations
 
-__all__ = ["Llama", "convert", "engine_info", "__version__"]
+__all__ = ["Llama", "convert", "quantize", "Scheme", "engine_info", "__version__"]
 
 
 def _version() -> str:
@@ -39,6 +40,12 @@ def __getattr__(name: str):
     if name == "convert":
         from .conversion.convert import convert
         return convert
+    if name == "quantize":
+        from .quantization.quantize import quantize
+        return quantize
+    if name == "Scheme":
+        from .quantization.schemes import Scheme
+        return Scheme
     if name == "engine_info":
         from .runtime.engine import engine_info
         return engine_info

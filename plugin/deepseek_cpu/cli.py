@@ -10,6 +10,7 @@ import click
 
 from . import __version__
 from .quantization import types as quant_types
+from .quantization.registry import SchemeName
 from .errors import DeepseekCpuError
 
 
@@ -93,17 +94,31 @@ def plugins_cmd(as_json):
 @cli.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--outtype", type=click.Choice(quant_types.DIRECT), default="bf16", show_default=True,
-              help="Type of the weight matrices (norms and the router stay f32).")
+@click.option("--outtype", type=click.Choice(quant_types.DIRECT), default=None,
+              help="Type of the weight matrices, written by the converter itself (norms and the router stay "
+                   "f32). [default: bf16]")
+@click.option("--quant", type=SchemeName(), default=None,
+              help="Or any quantization scheme (`deepseek-cpu schemes`): converted to a bf16 intermediate, "
+                   "quantized by llama.cpp, the intermediate deleted.")
+@click.option("--imatrix", type=click.Path(path_type=Path), default=None,
+              help="Importance matrix for --quant (`deepseek-cpu imatrix`).")
+@click.option("--tensor-type", "tensor_types", multiple=True, metavar="PATTERN=TYPE",
+              help="Per-tensor override for --quant (as in `deepseek-cpu quantize`; repeatable).")
 @click.option("--name", default=None, help="general.name in the GGUF (default: config's _name_or_path, "
               "else the directory name).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def convert(checkpoint, out, outtype, name, quiet):
+def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
-    from .conversion.convert import convert as do_convert
+    from .quantization.quantize import convert_quantized
+    if outtype and quant:
+        raise click.UsageError("give --outtype or --quant, not both")
+    if (imatrix or tensor_types) and not quant:
+        raise click.UsageError("--imatrix and --tensor-type go with --quant")
+    outtype = quant or outtype or "bf16"
     t0 = time.time()
     try:
-        path = do_convert(checkpoint, out, outtype=outtype, progress=not quiet, name=name)
+        path = convert_quantized(checkpoint, out, outtype, imatrix=imatrix, tensor_types=tensor_types,
+                                 progress=not quiet, name=name)
     except OSError as e:  # e.g. a shard that cannot be read: the user's file, not a bug of ours
         if isinstance(e, DeepseekCpuError):  # MissingShard, MissingTokenizer: left to _Group.invoke
             raise

@@ -6,8 +6,8 @@ known through the `deepseek_cpu` entry-point group of its distribution:
     [project.entry-points.deepseek_cpu]
     my_arch = "my_package.plugin"
 
-The built-in features (the DeepSeek converter, and the commands demo, pull, synth, bench,
-serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
+The built-in features (the DeepSeek converter, the quantization schemes, and the commands
+schemes, quantize, imatrix, demo, pull, synth, bench, serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
 docs/plugins.md has a runnable example for each hook.
 """
 from __future__ import annotations
@@ -52,13 +52,17 @@ def deepseek_cpu_tensor_transforms(converter: Any) -> list[Callable[[str, "np.nd
 
 
 @hookspec
-def deepseek_cpu_quant_schemes() -> dict[str, Any]:
-    """Quantization schemes this plugin provides, by name. Reserved: nothing calls this hook
-    yet; its contract is fixed when `deepseek-cpu quantize --scheme` lands.
+def deepseek_cpu_quant_schemes() -> list[Any]:
+    """Quantization schemes this plugin provides: a list of `deepseek_cpu.Scheme`.
 
-    The built-in types (f32 ... q8_0 written by the converter, llama.cpp's q4_0 ... iq4_xs)
-    are not registered through this hook: they live in one table, deepseek_cpu/quantization/types.py,
-    which the CLI choices, the converter, `pull` and `synth` read."""
+    A scheme is a name, a description, a base file type (one of quantization/types.py:
+    its general.file_type, default type and llama.cpp's own per-tensor recipe), rules
+    `(regular expression searched in the GGUF tensor name, GGML type)` that override the
+    recipe (first match wins; llama.cpp's `--tensor-type`), and whether it wants an importance
+    matrix. Every command that takes a quantization (`quantize --scheme`, `convert --quant`,
+    `pull --quant`, `synth --quant`) accepts every registered name; `deepseek-cpu schemes`
+    lists them with bits per weight. The built-ins (llama.cpp's types and the DeepSeek mixes)
+    come through this hook too (quantization/builtin.py). Two plugins giving one name is an error."""
 
 
 @hookspec

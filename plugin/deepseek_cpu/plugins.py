@@ -13,6 +13,7 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 # Built-in plugins, registered exactly like external ones.
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
+    "deepseek_cpu.quantization.builtin", "deepseek_cpu.quantization.commands",
     "deepseek_cpu.tools.demo",
     "deepseek_cpu.hub.command",
     "deepseek_cpu.tools.synth",

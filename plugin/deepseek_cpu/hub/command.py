@@ -7,16 +7,17 @@ import time
 import click
 
 from ..quantization import types as quant_types
+from ..quantization.registry import SchemeName
 from ..hookspecs import hookimpl
 from .pipeline import pull
 
 
 @click.command("pull")
 @click.argument("repo")
-@click.option("--quant", type=click.Choice(quant_types.NAMES, case_sensitive=False),
-              default=quant_types.DEFAULT_PULL, show_default=True,
-              help=f"Output type: {'/'.join(quant_types.DIRECT)} are written by our converter; the others are "
-                   "llama.cpp quantizations of a bf16 intermediate.")
+@click.option("--quant", type=SchemeName(), default=quant_types.DEFAULT_PULL, show_default=True,
+              help=f"Quantization scheme (`deepseek-cpu schemes` lists them): {'/'.join(quant_types.DIRECT)} are "
+                   "written by our converter; the others are quantized by llama.cpp from a bf16 intermediate, "
+                   "deleted afterwards.")
 @click.option("--revision", default=None, help="Branch, tag or commit sha (default: main).")
 @click.option("--token", default=None, help="Hub token for gated or private repos (default: HF_TOKEN or the "
                                             "saved login).")

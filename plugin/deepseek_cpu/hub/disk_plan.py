@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..quantization import registry
 from ..quantization import types as quant_types
 from .errors import PullError
 
@@ -41,8 +42,9 @@ def _bytes_per_param(config: dict) -> float:
 def estimate_disk(weights_size: int, download: int, config: dict, quant: str) -> dict[str, int]:
     """Bytes needed for the download, the conversion intermediate and the output."""
     n_params = weights_size / _bytes_per_param(config)
-    intermediate = 0 if quant in quant_types.DIRECT else int(n_params * 2)  # bf16
-    output = int(n_params * quant_types.QUANT_TYPES[quant].bpw / 8)
+    scheme = registry.get(quant)
+    intermediate = 0 if scheme.direct else int(n_params * 2)  # bf16
+    output = int(n_params * quant_types.QUANT_TYPES[scheme.base].bpw / 8)
     return {"download": int(download), "intermediate": intermediate, "output": output}
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..quantization import registry
 from ..quantization import types as quant_types
 from . import gguf_cache
 from .client import HubClient, progress_bars, remove_snapshot
@@ -41,9 +42,10 @@ def pull(repo: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None 
 
     `echo(str)` receives one-line status messages (default: the logger)."""
     say = echo or log.info
-    quant = quant.lower()
-    if quant not in quant_types.NAMES:
-        raise PullError(f"unknown quantization {quant!r}; choose one of {', '.join(quant_types.NAMES)}")
+    try:
+        quant = registry.get(quant).name
+    except registry.UnknownScheme as e:
+        raise PullError(str(e)) from None
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         raise PullError(f"{repo!r} is not a hub repo id; give it as owner/name, e.g. deepseek-ai/DeepSeek-V2-Lite-Chat")
     revision = revision or "main"

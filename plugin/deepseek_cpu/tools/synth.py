@@ -8,7 +8,7 @@ What is exact, and how:
     (converters/deepseek.py: its tensor table and write_metadata) applied to the real
     config.json of the model (REAL_CONFIGS below, copied from the hub): synth writes exactly
     what `deepseek-cpu convert` writes for the real checkpoint, minus the weights.
-  * Tensor types follow llama.cpp's `llama-quantize` recipe for the chosen mix
+  * Tensor types are those llama.cpp's quantizer gives for the chosen scheme
     (llama_tensor_get_type in src/llama-quant.cpp of the pinned llama.cpp, applied to the
     deepseek2 tensor names our converter emits; see `tensor_type`). Norms, the router and
     the V3 routing bias stay f32, as in the converter.
@@ -53,7 +53,8 @@ import numpy as np
 from ..cache import cache_root
 from ..errors import DeepseekCpuError
 from ..hookspecs import hookimpl
-from ..quantization.types import QUANT_TYPES
+from ..quantization.registry import SchemeName
+from ..quantization.schemes import RECIPES
 
 
 class SynthError(DeepseekCpuError, ValueError):
@@ -164,59 +165,24 @@ def converter_plan(cfg: dict):
 
 
 # ------------------------------------------------------------------------------------
-# Quant mixes: llama-quantize's choice of type per tensor (src/llama-quant.cpp)
+# Tensor types: a quantization scheme's choice per tensor (quantization/schemes.py, which
+# imitates llama-quantize's recipe and applies a scheme's rules)
 # ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Mix:
-    name: str
-    default: gguf.GGMLQuantizationType
-    file_type: gguf.LlamaFileType
-
-
-# The mixes tensor_type() below reproduces (q2_k, q3_k_* and iq4_* have recipes of their
-# own it does not implement), in --quant's order; each one's default tensor type and file
-# type come from the registry (quantization/types.py).
-MIX_NAMES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
-             "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
-MIXES: dict[str, Mix] = {n: Mix(n, QUANT_TYPES[n].ggml_type, QUANT_TYPES[n].file_type) for n in MIX_NAMES}
 _UNQUANTIZED = (Q.F32, Q.F16, Q.BF16)
-# tensor_type_fallback: a row that does not fill whole 256-blocks
-_FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}
 
 
-def _use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-def tensor_type(name: str, shape: tuple[int, ...], mix: Mix, n_layer: int,
-                converter_type: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
-    """The type llama-quantize gives tensor `name` (numpy-order `shape`) in `mix`, for the
-    deepseek2 names our converter emits (n_expert is never 8, there is no attn_v/attn_kv_b,
-    no imatrix). `converter_type` is the converter's own choice (f32 for norms, the router
-    and biases: llama-quantize leaves those alone)."""
-    if converter_type == Q.F32 or len(shape) < 2 or not name.endswith("weight"):
-        return Q.F32
-    if mix.default in _UNQUANTIZED:
-        return mix.default
-    ne0 = shape[-1]
-    t = mix.default
-    if name == "output.weight":
-        t = Q.Q8_0 if ne0 % gguf.GGML_QUANT_SIZES[t][0] else (t if t == Q.Q8_0 else Q.Q6_K)
-    elif "ffn_down" in name:
-        m = re.match(r"blk\.(\d+)\.", name)
-        i = int(m.group(1)) if m else 0
-        if mix.name in ("q4_k_m", "q5_k_m") and _use_more_bits(i, n_layer):
-            t = Q.Q6_K
-        elif mix.name == "q4_k_s" and i < n_layer // 8:
-            t = Q.Q5_K
-    # token_embd, attn_q(_a/_b), attn_kv_a_mqa, attn_k_b, attn_v_b, attn_output, ffn_gate/up*:
-    # the default type for every mix handled here
-    if ne0 % gguf.GGML_QUANT_SIZES[t][0]:
-        t = _FALLBACK.get(t, t)
-        if ne0 % gguf.GGML_QUANT_SIZES[t][0]:
-            t = Q.F16
-    return t
+def synth_scheme(name: str):
+    """A registered scheme synth can write: every type it gives must have random blocks here."""
+    from ..quantization import registry
+    try:
+        scheme = registry.get(name)
+    except registry.UnknownScheme as e:
+        raise SynthError(str(e)) from None
+    if not scheme.exact_prediction:
+        raise SynthError(f"synth cannot imitate {name}: llama.cpp's recipe for {scheme.base} is not "
+                         f"reproduced (schemes based on {', '.join(RECIPES)} are)")
+    return scheme
 
 
 # ------------------------------------------------------------------------------------
@@ -444,15 +410,15 @@ class SynthTensor:
 
 def synth_plan(shape: str, quant: str, layers: int | None = None):
     """(cfg, converter, [SynthTensor]) for a synthetic file."""
-    if quant not in MIXES:
-        raise SynthError(f"unknown quant {quant!r}; choose one of {', '.join(MIXES)}")
-    mix = MIXES[quant]
+    scheme = synth_scheme(quant)
     cfg = real_config(shape, layers)
     conv, specs = converter_plan(cfg)
     n_layer = cfg["num_hidden_layers"]
     out = []
     for p in specs:
-        qt = tensor_type(p.name, p.shape, mix, n_layer, p.qtype(Q.F16))
+        qt = scheme.tensor_type(p.name, p.shape, n_layer, p.qtype(Q.F16))
+        if qt not in _SCALE_FIELDS and qt not in _UNQUANTIZED:
+            raise SynthError(f"synth has no random blocks for {qt.name} ({p.name} in {quant})")
         kind = "ones" if (len(p.shape) == 1 and "norm" in p.name) else ("bias" if p.name.endswith(".bias") else "weight")
         out.append(SynthTensor(p.name, p.shape, qt, kind))
     return cfg, conv, out
@@ -494,7 +460,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     """Write a random-weight GGUF with the shapes/types/metadata of the real `shape` model."""
     out_path = Path(out_path)
     cfg, conv, tensors = synth_plan(shape, quant, layers)
-    mix = MIXES[quant]
+    scheme = synth_scheme(quant)
     full_layers = REAL_CONFIGS[shape]["num_hidden_layers"]
     truncated = cfg["num_hidden_layers"] != full_layers
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
@@ -509,8 +475,8 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     writer = gguf.GGUFWriter(None, conv.arch)
     rnd = RandomBlocks(seed)
     try:
-        writer.add_file_type(int(mix.file_type))
-        if mix.default not in _UNQUANTIZED:
+        writer.add_file_type(int(scheme.file_type))
+        if any(t.qtype not in _UNQUANTIZED for t in tensors):
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         conv.write_metadata(writer)
         if truncated and stock_compatible and not cfg.get("q_lora_rank"):
@@ -572,8 +538,9 @@ def deepseek_cpu_register_commands(cli):
     @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
     @click.option("--shape", type=click.Choice(SHAPES), default="v2-lite", show_default=True,
                   help="Real model whose tensor shapes, types and metadata to copy.")
-    @click.option("--quant", type=click.Choice(list(MIXES)), default="q4_0", show_default=True,
-                  help="llama-quantize mix to imitate (q4_k_m etc. mix types per tensor as llama.cpp does).")
+    @click.option("--quant", type=SchemeName(), default="q4_0", show_default=True,
+                  help="Quantization scheme to imitate: the type llama.cpp would give each tensor (schemes based on "
+                       "f32 ... q6_k; `deepseek-cpu schemes` lists them).")
     @click.option("--layers", type=int, default=None, help="Keep only the first N blocks (default: all).")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--tokenizer", "tokenizer", default="auto", show_default=True,

@@ -1,0 +1,191 @@
+"""Quantization schemes: which GGML type each tensor of a model gets.
+
+A scheme is a base file type from quantization/types.py (its `general.file_type`, its default
+tensor type and llama.cpp's own per-tensor recipe for it) plus rules that override the recipe
+for the tensors they match. The rules are handed to llama.cpp's quantizer as its tensor-type
+overrides (`llama_model_quantize_params.tt_overrides`, what `llama-quantize --tensor-type`
+fills): a rule is a regular expression searched in the GGUF tensor name, the first match wins,
+and a type whose blocks do not fit a row falls back as llama.cpp does (q4_K -> q5_0, ...).
+
+`Scheme.tensor_type` predicts that choice without running the quantizer (synth writes
+models with it; `schemes` prints bits per weight with it); the recipe below imitates
+llama_tensor_get_type of the pinned llama.cpp (src/llama-quant.cpp) for the deepseek2 tensor
+names our converter writes. tests/test_schemes.py checks the prediction against the types
+llama.cpp actually writes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import gguf
+
+from .types import QUANT_TYPES
+
+Q = gguf.GGMLQuantizationType
+UNQUANTIZED = (Q.F32, Q.F16, Q.BF16)
+# tensor_type_fallback: a row that does not fill whole blocks takes a 32-wide type
+_FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
+             Q.IQ4_XS: Q.IQ4_NL}
+# base types whose per-tensor recipe tensor_type() reproduces; for the others (q2_k, q3_k_*,
+# iq4_*) llama.cpp gives some tensors other types and the prediction is approximate
+RECIPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+           "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")
+
+
+def ggml_type(name: str) -> gguf.GGMLQuantizationType:
+    """A GGML tensor type by its llama.cpp name (q4_K, Q6_K, f16, iq4_xs: any case)."""
+    try:
+        return Q[name.upper()]
+    except KeyError:
+        raise ValueError(f"unknown GGML type {name!r}") from None
+
+
+def type_name(t: gguf.GGMLQuantizationType) -> str:
+    """llama.cpp's own spelling (q4_K, q8_0, f16): what its logs and --tensor-type print."""
+    n = t.name.lower()
+    return n[:-2] + "_K" if n.endswith("_k") else n
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _layer(name: str) -> int:
+    m = re.match(r"blk\.(\d+)\.", name)
+    return int(m.group(1)) if m else 0
+
+
+def _fits(t: gguf.GGMLQuantizationType, ne0: int) -> gguf.GGMLQuantizationType:
+    """llama.cpp's tensor_type_fallback for a row of ne0 weights."""
+    if ne0 % gguf.GGML_QUANT_SIZES[t][0]:
+        t = _FALLBACK.get(t, t)
+        if ne0 % gguf.GGML_QUANT_SIZES[t][0]:
+            t = Q.F16
+    return t
+
+
+def recipe_type(base: str, name: str, ne0: int, n_layer: int) -> gguf.GGMLQuantizationType:
+    """llama.cpp's type for tensor `name` (rows of ne0) in file type `base`, no override
+    (n_expert is never 8 for DeepSeek, there is no attn_v / attn_kv_b, no imatrix)."""
+    default = QUANT_TYPES[base].ggml_type
+    if default in UNQUANTIZED:
+        return default
+    t = default
+    if name == "output.weight":
+        t = Q.Q8_0 if ne0 % gguf.GGML_QUANT_SIZES[t][0] else (t if t == Q.Q8_0 else Q.Q6_K)
+    elif "ffn_down" in name:
+        i = _layer(name)
+        if base in ("q4_k_m", "q5_k_m") and _use_more_bits(i, n_layer):
+            t = Q.Q6_K
+        elif base == "q4_k_s" and i < n_layer // 8:
+            t = Q.Q5_K
+    # token_embd, attn_q(_a/_b), attn_kv_a_mqa, attn_k_b, attn_v_b, attn_output, ffn_gate/up*:
+    # the default type of every base handled here
+    return _fits(t, ne0)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A named way to quantize a model. `rules`: (regular expression searched in the GGUF
+    tensor name, GGML type name), first match wins, for the tensors llama.cpp quantizes at all
+    (norms, the router and biases stay f32 whatever the rules say)."""
+    name: str
+    description: str
+    base: str                                   # a name of quantization/types.py
+    rules: tuple[tuple[str, str], ...] = ()
+    wants_imatrix: bool = False                 # quality depends on an importance matrix
+    plugin: str = field(default="", compare=False)  # who registered it (set by the registry)
+
+    def __post_init__(self):
+        if self.base not in QUANT_TYPES:
+            raise ValueError(f"scheme {self.name!r}: unknown base type {self.base!r} "
+                             f"(one of {', '.join(QUANT_TYPES)})")
+        for pattern, tname in self.rules:
+            re.compile(pattern)
+            ggml_type(tname)
+
+    @property
+    def file_type(self) -> gguf.LlamaFileType:
+        return QUANT_TYPES[self.base].file_type
+
+    @property
+    def direct(self) -> bool:
+        """Written by our converter itself (no llama.cpp quantizer, no bf16 intermediate)."""
+        return not self.rules and QUANT_TYPES[self.base].direct
+
+    @property
+    def exact_prediction(self) -> bool:
+        """Whether tensor_type() is exactly what llama.cpp writes (see RECIPES)."""
+        return self.base in RECIPES
+
+    def rule_for(self, name: str, overrides: tuple[tuple[str, str], ...] = ()) -> str | None:
+        for pattern, tname in (*overrides, *self.rules):
+            if re.search(pattern, name):
+                return tname
+        return None
+
+    def tensor_type(self, name: str, shape: tuple[int, ...], n_layer: int,
+                    converter_type: gguf.GGMLQuantizationType = Q.F16,
+                    overrides: tuple[tuple[str, str], ...] = ()) -> gguf.GGMLQuantizationType:
+        """The type tensor `name` (numpy-order `shape`) gets. `converter_type` is the converter's
+        own choice (f32 for norms, the router and biases: llama.cpp leaves those alone)."""
+        if converter_type == Q.F32 or len(shape) < 2 or not name.endswith("weight"):
+            return Q.F32
+        default = QUANT_TYPES[self.base].ggml_type
+        if default in UNQUANTIZED:  # llama.cpp applies overrides only in a quantized file type
+            return default
+        ne0 = shape[-1]
+        rule = self.rule_for(name, overrides)
+        if rule is None:
+            return recipe_type(self.base, name, ne0, n_layer)
+        return _fits(ggml_type(rule), ne0)
+
+    def bits_per_weight(self, tensors, n_layer: int) -> float:
+        """Bits per weight over `tensors`: (name, numpy-order shape, converter type) triples."""
+        bits = n = 0
+        for name, shape, ctype in tensors:
+            t = self.tensor_type(name, shape, n_layer, ctype)
+            block, size = gguf.GGML_QUANT_SIZES[t]
+            count = 1
+            for d in shape:
+                count *= int(d)
+            bits += count // block * size * 8
+            n += count
+        return bits / n if n else 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# The DeepSeek mixes. In DeepSeek's MoE the routed experts hold ~90% of the bytes but each
+# token reads only a few of them; attention, the shared experts, the dense lead layers, the
+# embeddings and the output are read for every token. So those get 6-8 bits, the experts ~4.
+# Every type here has a fast kernel in our engine (q4_K/q4_0 repacked, q6_K, q8_0, q5_0).
+# ---------------------------------------------------------------------------------------
+
+ATTENTION = r"\.attn_(q|q_a|q_b|kv_a_mqa|k_b|v_b|output)\.weight$"
+SHARED_EXPERTS = r"\.ffn_(gate|up|down)_shexp\.weight$"
+DENSE_FFN = r"\.ffn_(gate|up|down)\.weight$"
+ROUTED_EXPERTS = r"\.ffn_(gate|up|down)_exps\.weight$"
+EMBEDDINGS = r"^token_embd\.weight$"
+OUTPUT = r"^output\.weight$"
+
+DEEPSEEK_MIXES = (
+    Scheme("ds-q4", "DeepSeek mix at q4_k_m's size: routed experts q4_K; attention, shared "
+           "experts, dense layers, embeddings and output q8_0",
+           "q4_k_m", ((ROUTED_EXPERTS, "q4_K"), (ATTENTION, "q8_0"), (SHARED_EXPERTS, "q8_0"),
+                      (DENSE_FFN, "q8_0"), (EMBEDDINGS, "q8_0"), (OUTPUT, "q8_0"))),
+    Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "
+           "attention, shared experts and dense layers q6_K; output q6_K",
+           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q6_K"), (SHARED_EXPERTS, "q6_K"),
+                    (DENSE_FFN, "q6_K"), (EMBEDDINGS, "q4_0"), (OUTPUT, "q6_K"))),
+)
+
+
+def llama_cpp_schemes() -> tuple[Scheme, ...]:
+    """llama.cpp's own file types, one scheme each, no rules."""
+    out = []
+    for name, qt in QUANT_TYPES.items():
+        how = "written by our converter" if qt.direct else "llama.cpp's own mix"
+        out.append(Scheme(name, f"{qt.ftype.replace('MOSTLY_', '').replace('ALL_', '')}: {how}",
+                          name, wants_imatrix=name.startswith("iq")))
+    return tuple(out)

@@ -18,7 +18,8 @@ def test_demo_converts_runs_and_checks_against_transformers():
 def test_help_lists_the_commands():
     r = cli("--help")
     assert r.returncode == 0
-    for name in ("convert", "info", "plugins", "demo", "run", "chat", "serve", "pull", "synth", "bench"):
+    for name in ("convert", "info", "plugins", "demo", "run", "chat", "serve", "pull", "synth", "bench",
+                 "schemes", "quantize", "imatrix", "eval"):
         assert f"  {name}" in r.stdout, name
 
 

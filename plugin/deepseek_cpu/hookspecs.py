@@ -7,7 +7,7 @@ known through the `deepseek_cpu` entry-point group of its distribution:
     my_arch = "my_package.plugin"
 
 The built-in features (the DeepSeek converter, the quantization schemes, and the commands
-schemes, quantize, imatrix, demo, pull, synth, bench, serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
+schemes, quantize, imatrix, eval, demo, pull, synth, bench, serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
 docs/plugins.md has a runnable example for each hook.
 """
 from __future__ import annotations

@@ -14,6 +14,7 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
     "deepseek_cpu.quantization.builtin", "deepseek_cpu.quantization.commands",
+    "deepseek_cpu.quantization.evaluate",
     "deepseek_cpu.tools.demo",
     "deepseek_cpu.hub.command",
     "deepseek_cpu.tools.synth",

@@ -44,6 +44,14 @@ class TensorPlan:
         return n // block * type_size
 
 
+@dataclass
+class EncodedBlocks:
+    """What a producer returns when it already has the tensor's GGUF bytes (INT4 groups of a
+    GPTQ / AWQ / compressed-tensors checkpoint kept exactly as q4_0 / q4_1 blocks): they are
+    written as they are, never re-quantized."""
+    data: np.ndarray  # uint8 [..., bytes of one row], the plan's qtype
+
+
 def choose_qtype(name: str, shape: tuple[int, ...], outtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
     """Norms, biases and the router stay f32 (tiny, and precision matters there);
     a row that does not fill whole quant blocks falls back to f16."""

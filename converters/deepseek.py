@@ -16,6 +16,7 @@ checkpoint) take their shapes from it.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,11 @@ import numpy as np
 
 from deepseek_cpu.hookspecs import hookimpl
 
-from .base import ConversionError, TensorPlan, choose_qtype
+from .base import ConversionError, EncodedBlocks, TensorPlan, choose_qtype
 from .checkpoint import Checkpoint, CheckpointError
+from .quantized import q4_0_as_q4_1
+
+log = logging.getLogger("deepseek_cpu.conversion")
 
 ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -139,6 +143,9 @@ class DeepseekConverter:
         self.scoring = config.get("scoring_func") or ("sigmoid" if self.is_v3 else "softmax")
         self.rope = rope_config(config)
         self.ckpt: Checkpoint | None = None
+        # GGUF tensor -> how an INT4 checkpoint's quantized weights went into it ("exact q4_1",
+        # "dequantized to bf16: why"); filled by plan()
+        self.int4_import: dict[str, str] = {}
 
     # -- description -------------------------------------------------------------
 
@@ -322,7 +329,7 @@ class DeepseekConverter:
                     raise CheckpointError(f"{self.dir}: tensor {src} has shape {ckpt.shape(src)}, "
                                           f"config.json implies {spec.source_shape}")
             used.update(spec.sources)
-            plans.append(TensorPlan(spec.name, spec.shape, spec.qtype(outtype), self._producer(spec), list(spec.sources)))
+            plans.append(self._tensor_plan(spec, outtype))
 
         # multi-token-prediction layers (V3's layer 61) are not used for decoding
         mtp = re.compile(rf"model\.layers\.(\d+)\.")
@@ -333,6 +340,61 @@ class DeepseekConverter:
             raise CheckpointError(f"{self.dir}: {len(left)} checkpoint tensors are not understood "
                                   f"by the {self.hf_arch} converter, e.g. {left[:4]}")
         return plans
+
+    def _tensor_plan(self, spec: TensorSpec, outtype: gguf.GGMLQuantizationType) -> TensorPlan:
+        """The plan of one table row. From an INT4 checkpoint (converters/quantized.py), a
+        tensor made of quantized Linears keeps their exact q4_0 / q4_1 blocks whatever
+        `outtype` asks for; one that cannot (see _int4_type) is dequantized and follows
+        outtype, with a warning naming it and why."""
+        is_quantized = getattr(self.ckpt, "is_quantized", None)
+        quantized = [s for s in spec.sources if is_quantized and is_quantized(s)]
+        if quantized:
+            qtype, why = self._int4_type(spec, len(quantized))
+            if qtype is not None:
+                self.int4_import[spec.name] = f"exact {qtype.name.lower()}"
+                return TensorPlan(spec.name, spec.shape, qtype, lambda: self._int4_blocks(spec, qtype), list(spec.sources))
+            fallback = spec.qtype(outtype)
+            self.int4_import[spec.name] = f"dequantized to {fallback.name.lower()}: {why}"
+            log.warning("%s: %s INT weights dequantized and converted to %s, not kept exact: %s",
+                        spec.name, self.ckpt.method, fallback.name.lower(), why)
+        return TensorPlan(spec.name, spec.shape, spec.qtype(outtype), self._producer(spec), list(spec.sources))
+
+    def _int4_type(self, spec: TensorSpec, n_quantized: int):
+        """(q4_0 | q4_1, "") when this GGUF tensor can hold its sources' INT4 groups
+        exactly, else (None, why not)."""
+        if n_quantized != len(spec.sources):
+            return None, "only some of its checkpoint tensors are quantized"
+        if spec.op == "k_b":
+            # the key half of kv_b_proj is transposed for MLA: its groups run along kv_lora_rank,
+            # which becomes the GGUF tensor's outer dim, so no 32-block holds one group
+            return None, "transposed for MLA (attn_k_b), so its quantization groups do not run along GGUF rows"
+        types = set()
+        for src in spec.sources:
+            qtype, why = self.ckpt.int_weight(src, codes=False).exact_type()
+            if qtype is None:
+                return None, f"{src}: {why}"
+            types.add(qtype)
+        # stacked experts mixing both kinds: q4_0 blocks convert to q4_1 exactly
+        return (gguf.GGMLQuantizationType.Q4_1 if len(types) > 1 else types.pop()), ""
+
+    def _int4_blocks(self, spec: TensorSpec, qtype: gguf.GGMLQuantizationType) -> EncodedBlocks:
+        def blocks(src: str) -> np.ndarray:
+            w = self.ckpt.int_weight(src)
+            own, _ = w.exact_type()
+            b = w.blocks(own)
+            return q4_0_as_q4_1(b) if own != qtype else b
+        if spec.op == "copy":
+            return EncodedBlocks(blocks(spec.sources[0]))
+        if spec.op == "stack":
+            out = np.stack([blocks(s) for s in spec.sources])
+            for s in spec.sources:
+                self.ckpt.drop_pages(s)
+            return EncodedBlocks(out)
+        if spec.op == "v_b":  # rows nope.. of each head: whole rows, so whole blocks
+            nope, v_dim = int(self.cfg["qk_nope_head_dim"]), int(self.cfg["v_head_dim"])
+            b = blocks(spec.sources[0]).reshape(self.n_head, nope + v_dim, -1)
+            return EncodedBlocks(np.ascontiguousarray(b[:, nope:]))
+        raise AssertionError(spec.op)
 
     def _producer(self, spec: TensorSpec):
         if spec.op == "copy":

@@ -126,8 +126,10 @@ def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet)
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)
         sys.exit(130)
-    size = path.stat().st_size
-    click.echo(f"wrote {path} ({size / 2**20:.1f} MiB, {outtype}) in {time.time() - t0:.1f} s")
+    from .quantization.quantize import written_types
+    bpw, _types = written_types(path)  # an AWQ/GPTQ import keeps INT4 blocks whatever the outtype
+    click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {outtype}, {bpw:.2f} bits/weight) "
+               f"in {time.time() - t0:.1f} s")
 
 
 @cli.command()

@@ -6,11 +6,24 @@
 The converter for the checkpoint is chosen by the `deepseek_cpu_converter` hook, so a
 plugin can add architectures. An interrupted or failed conversion leaves nothing at
 the output path.
+
+INT4 checkpoints (config.json `quantization_config` with quant_method "gptq", "awq" or
+"compressed-tensors" pack-quantized) are detected from config.json; no option asks for
+it. Their quantized Linears keep their integer groups EXACTLY as q4_1 blocks (q4_0 when
+symmetric) whatever `outtype` says -- re-quantizing an INT4 grid to another type only adds
+error -- and `outtype` applies to everything else: the unquantized modules (embeddings,
+norms, router, lm_head, ...) and the quantized tensors that cannot stay exact (act-order
+groups, 8-bit codes, MLA's transposed attn_k_b...), which are dequantized first and each
+logged with the reason (logger "deepseek_cpu.conversion"). general.file_type then says
+q4_1 / q4_0, the type of the bulk of the weights. Settings that cannot be read (3-bit
+codes, an unknown quant_method or format) raise UnsupportedQuantization naming the
+config field and value, before anything is written. See converters/quantized.py.
 """
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -19,12 +32,16 @@ import gguf
 import numpy as np
 
 from .. import plugins
-from ..converters.base import OUTTYPES, ConversionError, UnsupportedArchitecture, encode_pieces
-from ..converters.checkpoint import Checkpoint, CheckpointError
+from ..converters.base import OUTTYPES, ConversionError, EncodedBlocks, UnsupportedArchitecture, encode_pieces
+from ..converters.checkpoint import CheckpointError
+from ..converters.quantized import UnsupportedQuantization, open_checkpoint
 from ..converters import tokenizer as tk
 from ..quantization.types import QUANT_TYPES
 
-__all__ = ["convert", "ConversionError", "UnsupportedArchitecture", "CheckpointError", "read_config", "find_converter"]
+log = logging.getLogger("deepseek_cpu.conversion")
+
+__all__ = ["convert", "ConversionError", "UnsupportedArchitecture", "UnsupportedQuantization", "CheckpointError",
+           "read_config", "find_converter"]
 
 
 def read_config(model_dir: Path) -> dict:
@@ -66,11 +83,13 @@ def _tensor_transforms(conv) -> list:
 
 
 def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32",
-            progress: bool = True, name: str | None = None) -> Path:
+            progress: bool = True, name: str | None = None, exact_int4: bool = True) -> Path:
     """Convert a checkpoint directory to a GGUF at `out_path`; returns the path.
 
     `name` (e.g. the hub repo id) becomes general.name; by default config.json's
-    `_name_or_path`, else the directory's name."""
+    `_name_or_path`, else the directory's name. exact_int4=False dequantizes an INT4
+    checkpoint's weights to `outtype` too (a float intermediate for llama.cpp's quantizer,
+    which refuses to re-quantize q4 blocks); the default keeps them exact (module docstring)."""
     model_dir, out_path = Path(model_dir), Path(out_path)
     if outtype not in OUTTYPES:
         raise ConversionError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
@@ -79,8 +98,12 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
         config = {**config, "_name_or_path": name}
     conv = find_converter(config, model_dir)
     tok = tk.read_tokenizer(model_dir, int(config.get("vocab_size", 0)))
-    ckpt = Checkpoint(model_dir)
-    plans = conv.plan(ckpt, OUTTYPES[outtype])
+    ckpt = open_checkpoint(model_dir, config, exact=exact_int4)
+    try:
+        plans = conv.plan(ckpt, OUTTYPES[outtype])
+    except BaseException:
+        ckpt.close()
+        raise
     transforms = _tensor_transforms(conv)
 
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
@@ -94,7 +117,7 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     writer = gguf.GGUFWriter(None, conv.arch)
     try:
-        writer.add_file_type(int(_file_type(outtype)))
+        writer.add_file_type(int(_file_type(outtype, plans)))
         # the block layout's revision; llama.cpp's converter writes it for every file type
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         conv.write_metadata(writer)
@@ -110,9 +133,12 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
         bar = _bar(total, out_path.name, progress)
         for p in plans:
             data = p.produce()
-            for fn in transforms:
-                data = fn(p.name, data)
-            if tuple(data.shape) != p.shape:
+            if isinstance(data, EncodedBlocks):
+                data = _transform_encoded(p, data, transforms)
+            else:
+                for fn in transforms:
+                    data = fn(p.name, data)
+            if not isinstance(data, EncodedBlocks) and tuple(data.shape) != p.shape:
                 raise ConversionError(f"tensor {p.name}: produced shape {data.shape}, planned {p.shape}")
             writer.write_tensor_data(_Encoded(p.name, data, p.qtype, p.nbytes))
             del data
@@ -147,7 +173,8 @@ class _Encoded:
 
     def tofile(self, fid) -> None:
         written = 0
-        for piece in encode_pieces(self.data, self.qtype):
+        pieces = [self.data.data] if isinstance(self.data, EncodedBlocks) else encode_pieces(self.data, self.qtype)
+        for piece in pieces:
             fid.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
             written += piece.nbytes
         if written != self.nbytes:
@@ -188,7 +215,28 @@ def _stored_shape(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType, dtyp
     return (*shape[:-1], shape[-1] // block * type_size)
 
 
-def _file_type(outtype: str) -> gguf.LlamaFileType:
+def _transform_encoded(p, data: EncodedBlocks, transforms: list):
+    """Plugins' tensor transforms work on float32: they get the blocks dequantized. One
+    that returns its input unchanged keeps the exact blocks; a changed tensor is
+    re-encoded in the plan's type (so no longer bit-exact) and said so."""
+    if not transforms:
+        return data
+    flat = gguf.quants.dequantize(data.data, p.qtype).reshape(p.shape)
+    out = flat
+    for fn in transforms:
+        out = fn(p.name, out)
+    if out is flat:
+        return data
+    log.warning("%s: a tensor transform changed the exact INT4 blocks; re-quantized to %s", p.name, p.qtype.name.lower())
+    return out
+
+
+def _file_type(outtype: str, plans=()) -> gguf.LlamaFileType:
+    """outtype's file type; for an INT4 import the type of its exact blocks (q4_1 or q4_0)."""
+    Q = gguf.GGMLQuantizationType
+    kept = {p.qtype for p in plans} & {Q.Q4_0, Q.Q4_1}
+    if kept:
+        return QUANT_TYPES["q4_1" if Q.Q4_1 in kept else "q4_0"].file_type
     return QUANT_TYPES[outtype].file_type
 
 

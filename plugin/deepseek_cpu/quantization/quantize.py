@@ -230,7 +230,8 @@ def convert_quantized(checkpoint: str | os.PathLike, out: str | os.PathLike, sch
     tmp = out.with_name(f".{out.stem}.bf16-intermediate-{os.getpid()}.gguf")
     try:
         say("converting to bf16 (intermediate)")
-        convert(checkpoint, tmp, outtype="bf16", progress=progress, name=name)
+        # an AWQ/GPTQ checkpoint's INT4 weights dequantized too: the quantizer re-quantizes floats
+        convert(checkpoint, tmp, outtype="bf16", progress=progress, name=name, exact_int4=False)
         say(f"quantizing to {sch.name} with llama.cpp")
         quantize(tmp, out, sch, imatrix=imatrix, tensor_types=tensor_types, progress=progress, verbose=verbose)
     finally:

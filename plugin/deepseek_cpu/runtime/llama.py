@@ -149,6 +149,19 @@ class Llama(llama_cpp.Llama):
             return self._stream_length(result, full)
         return _as_length(result) if full.fired else result
 
+    def expert_usage(self):
+        """How often the router chose each routed expert of this model (runtime/experts.py):
+        an ExpertUsage over the MoE layers. The engine's counters are per process; call
+        reset_expert_usage() first to count one text."""
+        from .experts import usage_for
+        return usage_for(self.metadata)
+
+    @staticmethod
+    def reset_expert_usage() -> None:
+        """Zero the engine's expert-usage counters (they are per process)."""
+        from .experts import reset_expert_usage
+        reset_expert_usage()
+
     @staticmethod
     def _stream_length(chunks, full: _ContextFull):
         for chunk in chunks:

@@ -4,6 +4,7 @@
 #include "ggml.h"
 #include "dsc/dsc-tuning.h"
 #include "dsc/op-profile.h"
+#include "dsc/expert-usage.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -102,6 +103,10 @@ double ggml_dsc_op_profile_time(int ith) {
 
 // after the barrier that ends the node: t0 from its start, t1 from before the barrier
 void ggml_dsc_op_profile_add(int ith, const struct ggml_tensor * node, int n_fused, double t0, double t1) {
+    // the one per-node hook of the compute loop also feeds the expert-usage counters (dsc/expert-usage.c)
+    if (ith == 0 && node->op == GGML_OP_MUL_MAT_ID) {
+        ggml_dsc_expert_usage_count(node);
+    }
     if (ith == 0 && dsc_prof_on > 0) {
         dsc_prof_add(node, n_fused, dsc_prof_now() - t0, t1 - t0);
     }

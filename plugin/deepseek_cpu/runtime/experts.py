@@ -1,0 +1,241 @@
+"""Which routed experts work: the engine's expert-usage counters, read from Python.
+
+The engine counts, for every MoE layer, how often the router chose each routed expert
+(patches/files/ggml/src/ggml-cpu/dsc/expert-usage.c: from the ids of each MUL_MAT_ID on the
+layer's gate experts, inside the compute loop, always on). The counters belong to the process:
+they add up over every model and context evaluated in it until `reset_expert_usage()`. They
+count what the engine computed: in a prompt evaluated without logits_all, llama.cpp runs the
+last layer only for the tokens whose logits are wanted, so that layer counts only those.
+
+    from deepseek_cpu import Llama
+    llm = Llama("model.gguf")
+    llm.reset_expert_usage()
+    llm("some text", max_tokens=32)
+    usage = llm.expert_usage()          # ExpertUsage: counts [layers, experts]
+    usage.coverage(0.1)                 # share of routings the top 10% of experts take, per layer
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DeepseekCpuError
+
+
+class ExpertUsageUnavailable(DeepseekCpuError, RuntimeError):
+    """The loaded engine has no expert-usage counters (stock llama.cpp, or not loaded yet)."""
+
+
+def _mapped_cpu_backends() -> list[str]:
+    """The CPU backend libraries (libggml-cpu*.so) mapped into this process."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                name = os.path.basename(path)
+                if name.startswith("libggml-cpu") and ".so" in name and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def _functions():
+    for path in _mapped_cpu_backends():
+        lib = ctypes.CDLL(path)  # already mapped: the same copy, the same counters
+        try:
+            read, reset = lib.ggml_dsc_expert_usage, lib.ggml_dsc_expert_usage_reset
+        except AttributeError:
+            continue
+        read.restype, read.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int]
+        reset.restype, reset.argtypes = None, []
+        return read, reset
+    raise ExpertUsageUnavailable("no deepseek-cpu engine with expert-usage counters is loaded in this process "
+                                 "(load a model with deepseek_cpu.Llama first)")
+
+
+def read_counts(n_layer: int, n_expert: int) -> np.ndarray:
+    """The raw counters: uint64 [n_layer, n_expert] (layer index as in the GGUF, dense layers 0)."""
+    read, _ = _functions()
+    out = np.zeros((n_layer, n_expert), dtype=np.uint64)
+    if read(out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), n_layer, n_expert) != 0:
+        raise ExpertUsageUnavailable("the engine refused to report expert usage")
+    return out
+
+
+def reset_expert_usage() -> None:
+    """Set every counter of this process to zero."""
+    _, reset = _functions()
+    reset()
+
+
+@dataclass
+class ExpertUsage:
+    """Routings per MoE layer and expert. `layers`: the GGUF layer index of each row."""
+    counts: np.ndarray        # uint64 [n_moe_layers, n_expert]
+    layers: list[int]
+    experts_per_token: int
+
+    @property
+    def routings(self) -> int:
+        return int(self.counts.sum())
+
+    def shares(self) -> np.ndarray:
+        """Each expert's share of its layer's routings (rows sum to 1; 0 for an unused layer)."""
+        c = self.counts.astype(np.float64)
+        tot = c.sum(axis=1, keepdims=True)
+        return np.divide(c, tot, out=np.zeros_like(c), where=tot > 0)
+
+    def coverage_curve(self) -> np.ndarray:
+        """[n_moe_layers, n_expert]: share of routings the top-1, top-2, ... experts of each layer take."""
+        return np.cumsum(-np.sort(-self.shares(), axis=1), axis=1)
+
+    def coverage(self, fraction: float) -> np.ndarray:
+        """Per layer, the share of routings taken by the most used `fraction` of its experts."""
+        n = max(1, int(round(fraction * self.counts.shape[1])))
+        return self.coverage_curve()[:, n - 1]
+
+    def unused(self) -> np.ndarray:
+        """Per layer, how many experts were never chosen."""
+        return (self.counts == 0).sum(axis=1)
+
+    def to_dict(self) -> dict:
+        return {"layers": self.layers, "experts_per_token": self.experts_per_token,
+                "counts": self.counts.tolist(), "routings": self.routings,
+                "coverage_top10pct": self.coverage(0.1).tolist(), "unused": self.unused().tolist()}
+
+
+def model_moe_shape(metadata: dict) -> tuple[list[int], int, int]:
+    """(MoE layer indices, experts per layer, experts per token) from a GGUF's metadata."""
+    arch = metadata.get("general.architecture", "deepseek2")
+
+    def get(key, default=None):
+        v = metadata.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ExpertUsageUnavailable(f"the model has no {arch}.{key}: not a mixture-of-experts model")
+        return int(v)
+    n_layer, n_expert, k = get("block_count"), get("expert_count"), get("expert_used_count")
+    dense = get("leading_dense_block_count", 0)
+    return list(range(dense, n_layer)), n_expert, k
+
+
+def usage_for(metadata: dict) -> ExpertUsage:
+    """The counters of this process, shaped for the model whose GGUF metadata is given."""
+    layers, n_expert, k = model_moe_shape(metadata)
+    counts = read_counts(max(layers) + 1 if layers else 0, n_expert)[layers]
+    return ExpertUsage(counts, layers, k)
+
+
+def plot(usage: ExpertUsage, path: str | os.PathLike, title: str = "") -> None:
+    """A PNG: the layer x expert heatmap of routing shares, and each layer's coverage curve."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shares = usage.shares()
+    n_layer, n_expert = shares.shape
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, max(3.5, 0.18 * n_layer + 2)),
+                               gridspec_kw={"width_ratios": [2.2, 1]})
+    im = a.imshow(shares * n_expert, aspect="auto", cmap="magma", interpolation="nearest",
+                  extent=(-0.5, n_expert - 0.5, usage.layers[-1] + 0.5, usage.layers[0] - 0.5))
+    a.set_xlabel("expert")
+    a.set_ylabel("layer")
+    a.set_title("routings per expert, relative to uniform (1 = its fair share)")
+    fig.colorbar(im, ax=a, fraction=0.04)
+    x = np.arange(1, n_expert + 1) / n_expert * 100
+    curves = usage.coverage_curve() * 100
+    for i, layer in enumerate(usage.layers):
+        b.plot(x, curves[i], color=plt.cm.viridis(i / max(1, n_layer - 1)), lw=1, alpha=0.8)
+    b.plot(x, x, "k--", lw=1, label="uniform routing")
+    b.set_xlabel("most used experts of a layer (%)")
+    b.set_ylabel("share of the layer's routings (%)")
+    b.set_title("coverage (one line per layer, dark = first)")
+    b.legend(loc="lower right")
+    b.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def measure(model: str | os.PathLike, text: str | os.PathLike, ctx: int = 512, chunks: int | None = None,
+            threads: int | None = None, progress: bool = True) -> ExpertUsage:
+    """Evaluate `text` with `model` in chunks of `ctx` tokens (each from an empty cache) and
+    return the routings the engine counted."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .llama import Llama
+    # logits_all: llama.cpp runs the last layer's FFN only for the tokens whose logits are asked
+    # for; every token's routing in every layer is what is wanted here
+    llm = Llama(str(model), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, logits_all=True, verbose=False,
+                **({"n_threads": threads, "n_threads_batch": threads} if threads else {}))
+    try:
+        data = Path(text).read_bytes()
+        tokens = llm.tokenize(data, add_bos=False, special=False)
+        pieces = [tokens[i:i + ctx] for i in range(0, len(tokens), ctx)][:chunks]
+        if not pieces:
+            raise DeepseekCpuError(f"{text}: no tokens to evaluate")
+        reset_expert_usage()
+        for piece in tqdm(pieces, unit="chunk", desc="experts", leave=False, disable=not progress):
+            llm.reset()
+            llm.eval(piece)
+        return llm.expert_usage()
+    finally:
+        llm.close()
+
+
+def summary(usage: ExpertUsage) -> str:
+    n_expert = usage.counts.shape[1]
+    top = usage.coverage(0.1)
+    lines = [f"{usage.routings} routings over {len(usage.layers)} MoE layers x {n_expert} experts "
+             f"({usage.experts_per_token} per token)",
+             f"{'layer':>5}  {'top 10%':>7}  {'top 25%':>7}  {'most used':>10}  unused"]
+    cov25, shares = usage.coverage(0.25), usage.shares()
+    for i, layer in enumerate(usage.layers):
+        e = int(np.argmax(usage.counts[i]))
+        lines.append(f"{layer:>5}  {100 * top[i]:6.1f}%  {100 * cov25[i]:6.1f}%  "
+                     f"#{e:<3} {100 * shares[i, e]:4.1f}%  {int(usage.unused()[i])}")
+    lines.append(f"all    {100 * top.mean():6.1f}%  {100 * cov25.mean():6.1f}%   (uniform: 10.0%, 25.0%)")
+    return "\n".join(lines)
+
+
+def _register(cli):
+    import json
+    from pathlib import Path
+
+    import click
+
+    @cli.command("experts")
+    @click.argument("model", type=click.Path(exists=True, dir_okay=False))
+    @click.option("--text", type=click.Path(exists=True, dir_okay=False), required=True, help="Text to route.")
+    @click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
+    @click.option("--chunks", type=int, default=None, help="At most this many chunks.")
+    @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
+    @click.option("--png", type=click.Path(dir_okay=False), default=None,
+                  help="Write the layer x expert heatmap and coverage curves here (needs matplotlib).")
+    @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the counts here.")
+    @click.option("--quiet", is_flag=True, help="No progress bar.")
+    def experts_cmd(model, text, ctx, chunks, threads, png, json_out, quiet):
+        """Which routed experts MODEL uses on TEXT: routings per layer and expert, counted by
+        the engine; the share the most used experts take (coverage); a heatmap."""
+        usage = measure(model, text, ctx=ctx, chunks=chunks, threads=threads, progress=not quiet)
+        click.echo(summary(usage))
+        if json_out:
+            Path(json_out).write_text(json.dumps(usage.to_dict()))
+        if png:
+            plot(usage, png, title=f"{Path(model).name} on {Path(text).name}")
+            click.echo(f"wrote {png}")
+
+
+from ..hookspecs import hookimpl  # noqa: E402
+
+
+@hookimpl
+def deepseek_cpu_register_commands(cli):
+    _register(cli)

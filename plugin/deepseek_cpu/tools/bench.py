@@ -156,6 +156,13 @@ def child_run(spec: dict) -> dict:
     lc.llama_batch_free(batch)
     out["peak_rss_bytes"] = _proc_status("VmHWM")
     out["first_token"] = first
+    if engine == "ours":  # the routing the run saw (random prompt; synth's planted skew, if any)
+        try:
+            usage = llm.expert_usage()
+            out["experts_top10pct_share"] = float(usage.coverage(0.1).mean())
+            out["experts_unused"] = int(usage.unused().sum())
+        except Exception:  # a dense model, or an engine without the counters
+            pass
     # what ran
     lib = lcl._lib
     try:
@@ -437,6 +444,11 @@ def format_table(result: dict) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
     lines.insert(1, "  ".join("-" * x for x in w))
+    shares = [x["experts_top10pct_share"] for x in result["engines"].get("ours", {}).get("runs", [])
+              if "experts_top10pct_share" in x]
+    if shares:  # what the random prompt's routing looked like (uniform: 10%)
+        lines.append(f"routing: the most used 10% of each layer's experts took {100 * statistics.median(shares):.1f}% "
+                     "of its routings (uniform: 10%; deepseek-cpu experts shows more)")
     return "\n".join(lines)
 
 

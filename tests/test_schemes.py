@@ -272,3 +272,13 @@ def test_convert_quant_leaves_no_intermediate(tmp_path):
         gguf.LlamaFileType.MOSTLY_Q4_0)
     r = _cli("convert", fixture_dir(MODEL), out_dir / "n.gguf", "--outtype", "f16", "--quant", "q4_0")
     assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_convert_quant_of_an_int4_checkpoint_requantizes_its_floats(tmp_path):
+    """An AWQ/GPTQ checkpoint's INT4 blocks cannot be quantized again without
+    --allow-requantize: convert --quant dequantizes them in its intermediate."""
+    out = tmp_path / "m.gguf"
+    r = _cli("convert", fixture_dir("ct_asym_g32"), out, "--quant", "q4_0", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert {t for n, t in _types(out).items() if n.endswith("_exps.weight")} <= {Q.Q4_0, Q.Q5_0, Q.Q8_0}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]

@@ -152,7 +152,7 @@ def make_imatrix(model: str | os.PathLike, text: str | os.PathLike, out: str | o
     tmp = out.with_name(f".{out.name}.{os.getpid()}.partial.gguf")
     cmd = [str(imatrix_program()), "-m", str(model), "-f", str(text), "-o", str(tmp),
            "-c", str(ctx), "-b", str(ctx), "-ub", str(ctx), "-t", str(threads or default_threads()),
-           "--no-ppl", "--output-frequency", "1000000", "--save-frequency", "0"]
+           "--no-ppl", "--process-output", "--output-frequency", "1000000", "--save-frequency", "0"]
     if chunks:
         cmd += ["--chunks", str(chunks)]
     # attention through stock llama.cpp's MLA products (q absorbed by attn_k_b, attn_v_b per head):

@@ -554,16 +554,69 @@ static void gemm_q6_K_x8u_avx2(int n, float * const * out, const block_q6_Kx8u *
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// deepseek-cpu: the same product with AVX-512 VNNI: vectors t and t + 1 (adjacent in block_q6_Kx8u) in
+// one 512-bit register, one dpbusd per pair instead of two maddubs, an add and a madd. The four
+// vectors of scale group j add up exactly in int32 (16 products <= 255 * 32 each) before one multiply
+// by the group's scale; the integer sums, and so the results, are the AVX2 kernel's bit for bit.
+template <int R>
+static void gemm_q6_K_x8u_vnni(int n, float * const * out, const block_q6_Kx8u * W, const block_q8_K * const * a, int nc) {
+    const int nb = n / QK_K;
+    const __m512i flip = _mm512_set1_epi8((char) 0x80);
+    __m512i act[32][R];
+    float   rd[R];
+    for (int b = 0; b < nb; b++) {
+        for (int m = 0; m < R; m++) {
+            for (int p = 0; p < 32; p++) {
+                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(ggml_dsc_bcast4(a[m][b].qs + 8 * p)),
+                                                     ggml_dsc_bcast4(a[m][b].qs + 8 * p + 4), 1);
+                act[p][m] = _mm512_xor_si512(v, flip);
+            }
+            rd[m] = a[m][b].d;
+        }
+        for (int x = 0; x < nc / 8; x++) {
+            const block_q6_Kx8u & w = W[(int64_t) x * nb + b];
+            __m512i isum[R];
+            for (int m = 0; m < R; m++) {
+                isum[m] = _mm512_setzero_si512();
+            }
+            for (int j = 0; j < 16; j++) {
+                const __m512i sc = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (w.scales + 8 * j))));
+                const __m512i w0 = _mm512_loadu_si512((const void *) (w.qs + 128 * j));
+                const __m512i w1 = _mm512_loadu_si512((const void *) (w.qs + 128 * j + 64));
+                for (int m = 0; m < R; m++) {
+                    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), act[2 * j][m], w0),
+                                                          act[2 * j + 1][m], w1);
+                    isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(s, sc));
+                }
+            }
+            const __m256  cd   = _mm256_loadu_ps(w.d);
+            const __m256i corr = _mm256_loadu_si256((const __m256i *) w.corr);
+            for (int m = 0; m < R; m++) {
+                const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(isum[m]), _mm512_extracti64x4_epi64(isum[m], 1));
+                float * dst = out[m] + 8 * x;
+                __m256 v = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(dst);
+                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, corr)), _mm256_mul_ps(cd, _mm256_set1_ps(rd[m])), v);
+                _mm256_storeu_ps(dst, v);
+            }
+        }
+    }
+}
+#define DSC_GEMM_Q6_K gemm_q6_K_x8u_vnni
+#else
+#define DSC_GEMM_Q6_K gemm_q6_K_x8u_avx2
+#endif
+
 void ggml_dsc_gemm_q6_K_x8u(int n, float * const * out, int nr, const block_q6_Kx8u * W, const block_q8_K * const * a, int nc) {
     int r = 0;
     for (; r + 8 <= nr; r += 8) {
-        gemm_q6_K_x8u_avx2<8>(n, out + r, W, a + r, nc);
+        DSC_GEMM_Q6_K<8>(n, out + r, W, a + r, nc);
     }
     for (; r + 4 <= nr; r += 4) {
-        gemm_q6_K_x8u_avx2<4>(n, out + r, W, a + r, nc);
+        DSC_GEMM_Q6_K<4>(n, out + r, W, a + r, nc);
     }
     for (; r < nr; r++) {
-        gemm_q6_K_x8u_avx2<1>(n, out + r, W, a + r, nc);
+        DSC_GEMM_Q6_K<1>(n, out + r, W, a + r, nc);
     }
 }
 

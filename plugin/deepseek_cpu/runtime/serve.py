@@ -11,7 +11,9 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
                           deepseek_cpu.Llama divided among the slots, at most 4096, at least 256
   --cont-batching         continuous batching (explicit, in case upstream's default changes)
   --metrics               Prometheus metrics on /metrics
-  --jinja                 the GGUF's own chat template (DeepSeek's, as transformers renders it)
+  --jinja                 the GGUF's own chat template (DeepSeek's, as transformers renders it);
+                          tool calls and JSON-schema replies for V2.5/V3/R1 templates come from
+                          our handler in patches/files/common/parsers/ (docs/integrations.md)
   -t/-tb                  physical cores of this process (affinity, cgroup quota)
   -fa off                 as deepseek_cpu.Llama: CPU flash attention costs accuracy
   --no-webui              the API only (the web UI is not built into our package)

@@ -12,9 +12,9 @@ import deepseek_cpu
 from conftest import llama_cpp_source_dir
 from test_tokenizer import V2, model_dir_for, tk, write_vocab_gguf
 
-from deepseek_cpu.runtime.engine import tests_dir
+from deepseek_cpu.runtime import engine
 
-TESTS_DIR = tests_dir()  # shipped with the engine, found by the engine's own lookup rule
+TESTS_DIR = engine.tests_dir()  # shipped with the engine, found by the engine's own lookup rule
 
 
 def program(name: str) -> str:

@@ -12,6 +12,8 @@ defaults:
 Behaviour fixes over llama_cpp.Llama (see docs/integrations.md):
   - generation that reaches n_ctx ends with finish_reason="length" instead of raising
     `RuntimeError: llama_decode returned 1` (streaming or not, completion or chat)
+  - tools, tool_choice and JSON-schema response_format on DeepSeek-V2.5/V3/R1 templates answer
+    as `deepseek-cpu serve` does, in DeepSeek's tool-call markup (runtime/tool_calls.py)
   - importing this module installs a log callback that cannot raise on a log line cut
     inside a multi-byte character (the stock one sprays UnicodeDecodeError tracebacks)
 """
@@ -148,6 +150,19 @@ class Llama(llama_cpp.Llama):
         if bound.arguments.get("stream"):
             return self._stream_length(result, full)
         return _as_length(result) if full.fired else result
+
+    def create_chat_completion(self, messages, *args, **kwargs):
+        """llama_cpp.Llama.create_chat_completion. For a chat template in DeepSeek's tool-call
+        markup (V2.5, V3, R1), requests with `tools` or a JSON-schema `response_format` go through
+        runtime/tool_calls.py, which answers as `deepseek-cpu serve` does; everything else, and
+        every other model, is llama-cpp-python's own handler."""
+        from . import tool_calls
+        wants = kwargs.get("tools") or (kwargs.get("response_format") or {}).get("type") in ("json_schema", "json_object")
+        if (not args and wants and self.chat_handler is None and "functions" not in kwargs
+                and self.chat_format in (None, "chat_template.default")
+                and tool_calls.is_deepseek_tool_template(self.metadata.get("tokenizer.chat_template"))):
+            return tool_calls.chat_completion(self, messages, **kwargs)
+        return super().create_chat_completion(messages, *args, **kwargs)
 
     def expert_usage(self):
         """How often the router chose each routed expert of this model (runtime/experts.py):

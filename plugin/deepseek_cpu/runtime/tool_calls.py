@@ -27,6 +27,8 @@ import time
 import uuid
 from typing import Any, Iterator
 
+from ..errors import DeepseekCpuError
+
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
 CALL_BEGIN = "<｜tool▁call▁begin｜>"
@@ -38,7 +40,7 @@ _CALL = re.compile(re.escape(CALL_BEGIN) + r"(\w+)" + re.escape(SEP) + r"(.+?)\n
 _OPEN_CALL = re.compile(re.escape(CALL_BEGIN) + r"(\w+)" + re.escape(SEP) + r"(.+?)\n```json\n(.*)$", re.DOTALL)
 
 
-class ToolRequestError(ValueError):
+class ToolRequestError(DeepseekCpuError, ValueError):
     """A request whose tools, tool_choice or response_format cannot be used (the server answers 400)."""
 
 

@@ -87,10 +87,12 @@ def kernel_coverage() -> str:
         return f"kernel paths: unknown ({type(e).__name__}: {e})"
     model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                   if l.startswith("model name")), "unknown CPU")
+    from deepseek_cpu.runtime.engine import amx_status
+    amx_on = amx_status() == "on"  # our AMX path also needs the kernel's permission
     ran, compiled_only = [], []
     for level, (key, needs) in KERNEL_LEVELS.items():
         built = re.search(rf"\b{key} = 1\b", info) is not None
-        if built and all(f in flags for f in needs):
+        if built and all(f in flags for f in needs) and (level != "AMX" or amx_on):
             ran.append(level)
         else:
             compiled_only.append(level)

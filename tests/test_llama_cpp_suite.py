@@ -66,13 +66,18 @@ def test_backend_ops(ops, params):
     assert " 0/0 tests passed" not in out, f"the filter matched no test case: {out[-1000:]}"
 
 
-def test_repack_ops():
+@pytest.fixture(scope="module")
+def repack_ops_output():
+    r = run([program("test-repack-ops")])
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_repack_ops(repack_ops_output):
     """Repacked (CPU_REPACK) MUL_MAT / MUL_MAT_ID against a plain CPU buffer: the kernels
     our files under patches/files/ rewrite. test-backend-ops never puts weights in the repack buffer; this
     test program (ours: patches/files/tests/test-repack-ops.cpp) does."""
-    r = run([program("test-repack-ops")])
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    returncode, out = repack_ops_output
+    assert returncode == 0, out[-3000:]
     # the program exits 0 when it finds no repack buffer or runs no case: a pass must
     # show cases run in every section, all agreeing
     sections = re.findall(r"^test-repack-ops: (.*?)(\d+)/(\d+) (.*)$", out, re.M)
@@ -81,3 +86,15 @@ def test_repack_ops():
         assert int(total) > 0 and ok == total, (what, ok, total, rest)
     total = re.search(r"^test-repack-ops: (\d+)/(\d+) cases agree$", out, re.M)
     assert total and int(total.group(2)) >= 900 and total.group(1) == total.group(2), out[-1000:]
+
+
+def test_repack_ops_amx(repack_ops_output):
+    """Prompt products on AMX tiles (dsc/amx-gemm.cpp) bit-identical to the AVX-512 VNNI GEMMs they
+    replace (test-repack-ops' AMX section); skipped, saying so, where AMX does not run."""
+    from deepseek_cpu.runtime.engine import amx_status
+    returncode, out = repack_ops_output
+    m = re.search(r"^test-repack-ops: AMX products (\d+)/(\d+) bit-identical", out, re.M)
+    if m is None:
+        assert "AMX cases skipped" in out, out[-2000:]
+        pytest.skip(f"CPU lacks AMX where this engine runs: {amx_status()}")
+    assert int(m.group(2)) >= 200 and m.group(1) == m.group(2), m.group(0)

@@ -61,7 +61,8 @@ def info(as_json):
         "version": e.version, "llama_cpp_commit": e.llama_cpp_commit, "series_sha256": e.series_sha256,
         "patches": e.patches,
         "library": e.library, "patched": e.patched, "build_info": e.build_info,
-        "cpu_features": e.cpu_features, "cpu_backend": e.cpu_backend, "default_threads": default_threads(),
+        "cpu_features": e.cpu_features, "cpu_backend": e.cpu_backend, "amx": e.amx,
+        "default_threads": default_threads(),
     }
     if as_json:
         click.echo(json.dumps(d, indent=2))
@@ -74,6 +75,8 @@ def info(as_json):
     click.echo("patches          " + ("\n                 ".join(d["patches"]) or "none"))
     click.echo(f"cpu features     {' '.join(d['cpu_features'])}")
     click.echo(f"cpu backend      {d['cpu_backend']}")
+    click.echo("amx              " + ("on: prompt products of q4_0 and q4_K weights run on AMX tiles" if d["amx"] == "on"
+                                    else f"not used: {d['amx']}"))
     click.echo(f"default threads  {d['default_threads']}")
 
 

@@ -464,6 +464,116 @@ static int check_q8_K_quantize() {
     return n_fail;
 }
 
+// distinct experts per token, skewed so some experts get many rows and some none
+static std::vector<int32_t> random_ids(std::mt19937 & rng, const mm_case & c) {
+    std::vector<int32_t> ids;
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+        std::vector<int32_t> perm(c.n_as);
+        for (int64_t e = 0; e < c.n_as; ++e) { perm[e] = (int32_t) e; }
+        for (int64_t e = 0; e < c.n_used; ++e) {
+            const int64_t lim = std::min<int64_t>(c.n_as - e, (rng() % 3 == 0) ? c.n_as - e : std::max<int64_t>(1, (c.n_as - e) / 2));
+            std::swap(perm[e], perm[e + rng() % lim]);
+            ids.push_back(perm[e]);
+        }
+    }
+    return ids;
+}
+
+// the AMX path (dsc/amx-gemm.cpp) and its switch, exported by ggml-cpu
+extern "C" bool ggml_dsc_amx_enabled(void);
+extern "C" bool ggml_dsc_amx_set_enabled(bool on);
+
+// deepseek-cpu: prompt-sized q4_0 / q4_K products on AMX tiles against the AVX-512 VNNI kernels they
+// replace, both with the weights in CPU_REPACK. The integer block sums are exact either way and the AMX
+// path does the VNNI GEMMs' float steps in their order, so their outputs must be bit-identical (not
+// merely close): any difference is a bug (the rows VNNI leaves to its q4_K GEMV: below). Token counts cover full and partial 16-row tiles, one and
+// two tiles per pass; n = 48 ends q4_0 on a single 16-column tile.
+static int check_amx_bit_identical(std::mt19937 & rng, ggml_backend_buffer_type_t repack_buft) {
+    if (!ggml_dsc_amx_enabled()) {
+        printf("test-repack-ops: AMX cases skipped: CPU lacks AMX (or the kernel refused it, or DEEPSEEK_CPU_AMX=0)\n");
+        return 0;
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<mm_case> cases;
+    for (ggml_type t : { GGML_TYPE_Q4_0, GGML_TYPE_Q4_K }) {
+        const std::vector<int64_t> ks = t == GGML_TYPE_Q4_K ? std::vector<int64_t>{ 512, 2560 } : std::vector<int64_t>{ 256, 1408, 4224 };
+        for (const int64_t k : ks) {
+            for (int nt : { 1, 2, 3 }) {
+                for (int64_t tok : { 16, 17, 31, 33, 64 }) {
+                    cases.push_back({ t, k, 48, 0, 0, tok, false, nt });
+                    cases.push_back({ t, k, 128, 8, 3, tok, true, nt });
+                    cases.push_back({ t, k, 64, 4, 4, tok, false, nt });
+                }
+                cases.push_back({ t, k, 128, 0, 0, 200, false, nt });
+                cases.push_back({ t, k, 128, 16, 6, 200, true, nt });
+                cases.push_back({ t, k, 128, 16, 6, 200, false, nt });
+            }
+        }
+    }
+    int n_fail = 0, n_run = 0;
+    for (const auto & c : cases) {
+        const int64_t n_w = c.k * c.n * (c.n_as ? c.n_as : 1);
+        std::vector<float> wf(n_w);
+        for (auto & v : wf) { v = nd(rng); }
+        std::vector<uint8_t> wq(ggml_row_size(c.type, c.k) * (n_w / c.k));
+        ggml_quantize_chunk(c.type, wf.data(), wq.data(), 0, n_w / c.k, c.k, nullptr);
+        std::vector<float> xf(c.k * c.n_tok * (c.n_as ? (c.bcast ? 1 : c.n_used) : 1));
+        for (auto & v : xf) { v = nd(rng); }
+        const std::vector<int32_t> ids = c.n_as ? random_ids(rng, c) : std::vector<int32_t>();
+
+        bool rp = false;
+        ggml_dsc_amx_set_enabled(false);
+        const std::vector<float> vnni = run(c, repack_buft, wq, xf, ids, &rp);
+        ggml_dsc_amx_set_enabled(true);
+        const std::vector<float> amx = run(c, repack_buft, wq, xf, ids, &rp);
+        if (!rp) {
+            continue;
+        }
+        n_run++;
+        // The VNNI path runs an op's rows through its GEMM four at a time and a last one to three
+        // through the GEMV (per expert, in token order); for q4_K the GEMV sums the mins term apart and
+        // subtracts it at the end, where the GEMM (and AMX) subtract per super-block: those rows are
+        // the same sums in another float order and must agree to 1e-5 of the largest output; every
+        // other output bit for bit.
+        std::vector<bool> gemv_row(c.n_tok * std::max<int64_t>(c.n_used, 1), false);
+        if (c.type == GGML_TYPE_Q4_K) {
+            if (c.n_as == 0) {
+                for (int64_t t = c.n_tok - c.n_tok % 4; t < c.n_tok; t++) { gemv_row[t] = true; }
+            } else {
+                std::vector<std::vector<int64_t>> rows_of(c.n_as);
+                for (int64_t t = 0; t < c.n_tok; t++) {
+                    for (int64_t u = 0; u < c.n_used; u++) { rows_of[ids[t * c.n_used + u]].push_back(t * c.n_used + u); }
+                }
+                for (const auto & r : rows_of) {
+                    for (size_t i = r.size() - r.size() % 4; i < r.size(); i++) { gemv_row[r[i]] = true; }
+                }
+            }
+        }
+        double max_ref = 0.0, max_gemv_err = 0.0;
+        size_t n_diff = 0;
+        for (size_t i = 0; i < vnni.size(); i++) { max_ref = std::max(max_ref, (double) std::fabs(vnni[i])); }
+        for (size_t i = 0; i < amx.size() && amx.size() == vnni.size(); i++) {
+            if (gemv_row[i / c.n]) {
+                max_gemv_err = std::max(max_gemv_err, (double) std::fabs(amx[i] - vnni[i]));
+            } else {
+                n_diff += memcmp(&amx[i], &vnni[i], sizeof(float)) != 0;
+            }
+        }
+        const bool ok = amx.size() == vnni.size() && n_diff == 0 && max_gemv_err <= 1e-5 * max_ref;
+        if (!ok) {
+            n_fail++;
+        }
+        if (!ok || getenv("VERBOSE")) {
+            printf("%s AMX %s k=%lld n=%lld n_as=%lld used=%lld tok=%lld %s thr=%d: %zu of %zu outputs differ, GEMV rows within %.2g\n",
+                   ok ? "ok  " : "FAIL", ggml_type_name(c.type), (long long) c.k, (long long) c.n, (long long) c.n_as,
+                   (long long) c.n_used, (long long) c.n_tok, c.bcast ? "bcast" : "per-slot", c.n_threads, n_diff, amx.size(),
+                   max_gemv_err / std::max(max_ref, 1e-30));
+        }
+    }
+    printf("test-repack-ops: AMX products %d/%d bit-identical to the AVX-512 VNNI GEMMs\n", n_run - n_fail, n_run);
+    return n_fail;
+}
+
 int main() {
     ggml_log_set([](ggml_log_level level, const char * text, void *) {
         if (level >= GGML_LOG_LEVEL_WARN) {
@@ -523,19 +633,7 @@ int main() {
         const int64_t n_x = c.k * c.n_tok * (c.n_as ? (c.bcast ? 1 : c.n_used) : 1);
         std::vector<float> xf(n_x);
         for (auto & v : xf) { v = nd(rng); }
-        std::vector<int32_t> ids;
-        if (c.n_as) {
-            // distinct experts per token, skewed so some experts get many rows and some none
-            for (int64_t t = 0; t < c.n_tok; ++t) {
-                std::vector<int32_t> perm(c.n_as);
-                for (int64_t e = 0; e < c.n_as; ++e) { perm[e] = (int32_t) e; }
-                for (int64_t e = 0; e < c.n_used; ++e) {
-                    const int64_t lim = std::min<int64_t>(c.n_as - e, (rng() % 3 == 0) ? c.n_as - e : std::max<int64_t>(1, (c.n_as - e) / 2));
-                    std::swap(perm[e], perm[e + rng() % lim]);
-                    ids.push_back(perm[e]);
-                }
-            }
-        }
+        const std::vector<int32_t> ids = c.n_as ? random_ids(rng, c) : std::vector<int32_t>();
 
         bool rp_a = false, rp_b = false;
         std::vector<float> a = run(c, repack_buft, wq, xf, ids, &rp_a);
@@ -575,6 +673,7 @@ int main() {
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q5_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q8_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q6_K);
+    n_fail += check_amx_bit_identical(rng, repack_buft);
     printf("test-repack-ops: %d/%d cases agree\n", n_run - n_fail, n_run);
     if (n_run == 0) {
         printf("test-repack-ops: no type has a repacked layout on this CPU\n");

@@ -66,6 +66,37 @@ def mapped_libllama() -> str | None:
     return None
 
 
+def mapped_cpu_backends() -> list[str]:
+    """The CPU backend libraries (libggml-cpu*.so) mapped into this process."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                name = os.path.basename(path)
+                if name.startswith("libggml-cpu") and ".so" in name and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def amx_status() -> str:
+    """Whether the loaded engine multiplies prompts on AMX tiles: "on", or why not (the CPU
+    variant was built without AMX, the CPU or the kernel lacks it, DEEPSEEK_CPU_AMX=0)."""
+    llama_lib()
+    import llama_cpp
+    llama_cpp.llama_backend_init()  # maps the CPU backend
+    for path in mapped_cpu_backends():
+        try:
+            fn = ctypes.CDLL(path).ggml_dsc_amx_status  # already mapped: the same copy
+        except AttributeError:
+            continue
+        fn.restype, fn.argtypes = ctypes.c_char_p, []
+        return fn().decode()
+    return "unknown (no deepseek-cpu CPU backend is loaded)"
+
+
 def loaded_library_path(lib: ctypes.CDLL | None = None) -> str:
     """The file the dynamic loader actually mapped for libllama."""
     lib = lib if lib is not None else llama_lib()
@@ -116,6 +147,7 @@ class EngineInfo:
     cpu_features: list[str]
     cpu_backend: str
     system_info: str
+    amx: str  # amx_status()
     extra: dict = field(default_factory=dict)
 
 
@@ -143,6 +175,7 @@ def engine_info() -> EngineInfo:
         cpu_features=cpu_features(),
         cpu_backend=cpu_backend_name(sysinfo),
         system_info=sysinfo,
+        amx=amx_status(),
     )
 
 

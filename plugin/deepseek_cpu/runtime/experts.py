@@ -17,35 +17,20 @@ last layer only for the tokens whose logits are wanted, so that layer counts onl
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import DeepseekCpuError
+from .engine import mapped_cpu_backends
 
 
 class ExpertUsageUnavailable(DeepseekCpuError, RuntimeError):
     """The loaded engine has no expert-usage counters (stock llama.cpp, or not loaded yet)."""
 
 
-def _mapped_cpu_backends() -> list[str]:
-    """The CPU backend libraries (libggml-cpu*.so) mapped into this process."""
-    found = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                name = os.path.basename(path)
-                if name.startswith("libggml-cpu") and ".so" in name and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
-    return found
-
-
 def _functions():
-    for path in _mapped_cpu_backends():
+    for path in mapped_cpu_backends():
         lib = ctypes.CDLL(path)  # already mapped: the same copy, the same counters
         try:
             read, reset = lib.ggml_dsc_expert_usage, lib.ggml_dsc_expert_usage_reset

@@ -173,6 +173,9 @@ def child_run(spec: dict) -> dict:
     except AttributeError:
         out["build_info"] = None
     out["library"] = _loaded_libllama() or getattr(lib, "_name", "?")
+    if engine == "ours":
+        from ..runtime.engine import amx_status
+        out["amx"] = amx_status()
     out["flash_attn_type"] = int(llm.context_params.flash_attn_type)
     out["n_ctx"] = llm.n_ctx()
     out["system_info"] = lc.llama_print_system_info().decode(errors="replace")
@@ -393,9 +396,9 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         first = ok[0] if ok else {}
         result["engines"][e] = {
             "library_dir": str(lib), "library": first.get("library"), "build_info": first.get("build_info"),
-            "patched": bool(first.get("build_info")), "flash_attn_type": first.get("flash_attn_type"),
+            "patched": bool(first.get("build_info")), "amx": first.get("amx"), "flash_attn_type": first.get("flash_attn_type"),
             "n_ctx": first.get("n_ctx"), "system_info": first.get("system_info"),
-            "runs": [{k: v for k, v in x.items() if k not in ("system_info", "library", "build_info")} for x in runs[e]],
+            "runs": [{k: v for k, v in x.items() if k not in ("system_info", "library", "build_info", "amx")} for x in runs[e]],
             "summary": summarize(runs[e]),
         }
     if compare_stock:
@@ -562,7 +565,8 @@ def deepseek_cpu_register_commands(cli):
             raise
         click.echo(format_table(res))
         for e, d in res["engines"].items():
-            click.echo(f"{e}: {d['library']} ({'patched: ' + d['build_info'] if d['patched'] else 'not patched'})")
+            click.echo(f"{e}: {d['library']} ({'patched: ' + d['build_info'] if d['patched'] else 'not patched'})"
+                       + (f", AMX {d['amx']}" if d.get("amx") else ""))
         if json_out:
             Path(json_out).write_text(json.dumps(res, indent=2))
             click.echo(f"wrote {json_out}")

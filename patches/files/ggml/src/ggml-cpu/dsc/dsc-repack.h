@@ -87,3 +87,6 @@ void ggml_dsc_gemm_q6_K_x8u(int n, float * const * out, int nr, const block_q6_K
 #if GGML_DSC_Q4_K_4U
 void ggml_dsc_gemm_q4_K_rows(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
 #endif
+
+// the AMX path the repack buffer tries first (dsc/amx-gemm.cpp)
+#include "dsc-amx.h"

@@ -22,6 +22,8 @@
 //                              (src/dsc/loader-memory.cpp)                                  default on
 //   DEEPSEEK_CPU_FORCE_ROPE=1  the wrapper's rope_freq_* win over the GGUF's YaRN values
 //                              (src/llama-context.cpp)                                     default off
+//   DEEPSEEK_CPU_AMX=0         prompt products on AVX-512 VNNI instead of AMX tiles
+//                              (ggml/src/ggml-cpu/dsc/amx-gemm.cpp)           default on where AMX runs
 
 // ---- decode GEMVs (one token) ----
 // Rows (for repacked weights, 8-column groups) one decode GEMV reads at once, one from each of
@@ -59,6 +61,12 @@
 #endif
 #ifndef DSC_F32_NC
 #define DSC_F32_NC 64
+#endif
+
+// Fewest tokens (MUL_MAT: activation rows; MUL_MAT_ID: tokens of the batch) for which q4_0 / q4_K
+// products of the repack buffer run on AMX tiles instead of the AVX-512 VNNI GEMMs.
+#ifndef DSC_AMX_MIN_TOKENS
+#define DSC_AMX_MIN_TOKENS 16
 #endif
 
 // ---- expert GEMMs (MUL_MAT_ID) ----

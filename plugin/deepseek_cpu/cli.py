@@ -142,10 +142,13 @@ def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet)
 @click.option("--temperature", default=0.0, show_default=True)
 @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
-def run(model, prompt, max_tokens, temperature, threads, n_ctx):
+@click.option("--mem-budget", default=None, metavar="SIZE",
+              help="Run within SIZE of memory (e.g. 4G): weights stay in the file mapping, the hot ones locked.")
+@click.option("--prefetch", default=None, metavar="POLICY", help="Prefetch policy under --mem-budget (default: popular).")
+def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
     from .runtime.llama import open_for_terminal
-    llm = open_for_terminal(model, threads, n_ctx)
+    llm = open_for_terminal(model, threads, n_ctx, mem_budget, prefetch)
     t0, n = time.time(), 0
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
         click.echo(chunk["choices"][0]["text"], nl=False)

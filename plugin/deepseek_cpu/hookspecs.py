@@ -7,7 +7,7 @@ known through the `deepseek_cpu` entry-point group of its distribution:
     my_arch = "my_package.plugin"
 
 The built-in features (the DeepSeek converter, the quantization schemes, and the commands
-schemes, quantize, imatrix, eval, demo, pull, synth, bench, serve, chat) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
+schemes, quantize, imatrix, eval, demo, pull, synth, bench, serve, chat; the prefetch policies) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
 docs/plugins.md has a runnable example for each hook.
 """
 from __future__ import annotations
@@ -67,8 +67,15 @@ def deepseek_cpu_quant_schemes() -> list[Any]:
 
 @hookspec
 def deepseek_cpu_prefetch_policies() -> dict[str, Any]:
-    """Cold/hot weight prefetch policies this plugin provides, by name. Reserved: nothing
-    calls this hook yet; its contract is fixed when the engine's expert prefetch lands."""
+    """Prefetch policies this plugin provides, by name: objects with
+      plan(model, counts, budget) -> deepseek_cpu.runtime.prefetch.Placement
+    `model` is a prefetch.ModelLayout (each tensor's offset and size in the GGUF; a stacked
+    routed-expert tensor's `expert_slice(e)`), `counts` the expert-usage statistics saved for this
+    model ({layer: routings per expert}) or None, `budget` a memory_budget.BudgetPlan. The
+    Placement's `hot` ranges are locked in memory, its `warm` ranges read ahead in order.
+    Used under a memory budget (`Llama(mem_budget=..., prefetch=NAME)`, `--prefetch NAME`); the
+    built-ins are `popular` (the default) and `none` (runtime/prefetch.py). A policy that raises
+    is reported and `popular` is used instead."""
 
 
 @hookspec

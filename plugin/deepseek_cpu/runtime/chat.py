@@ -75,10 +75,13 @@ def _ctx_full(llm) -> bool:
 @click.option("--temperature", default=0.0, show_default=True)
 @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
 @click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
-def chat(model, system, max_tokens, temperature, threads, n_ctx):
+@click.option("--mem-budget", default=None, metavar="SIZE",
+              help="Run within SIZE of memory (e.g. 4G): weights stay in the file mapping, the hot ones locked.")
+@click.option("--prefetch", default=None, metavar="POLICY", help="Prefetch policy under --mem-budget (default: popular).")
+def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
     from .llama import open_for_terminal
-    llm = open_for_terminal(model, threads, n_ctx)
+    llm = open_for_terminal(model, threads, n_ctx, mem_budget, prefetch)
     click.echo(f"chatting with {model} (n_ctx {llm.n_ctx()}); /reset, /exit", err=True)
     chat_loop(llm, iter(sys.stdin), system=system, max_tokens=max_tokens, temperature=temperature)
 

@@ -79,11 +79,12 @@ def read_shape(path: str) -> ModelShape | None:
     return ModelShape(arch, n_layer, n_ctx_train, 2 * per_layer * max(n_layer, 1), os.path.getsize(path))
 
 
-def default_n_ctx(shape: ModelShape | None, available: int | None = None) -> int:
+def default_n_ctx(shape: ModelShape | None, available: int | None = None, weights: int | None = None) -> int:
+    """weights: the bytes the weights take in memory (default: the file's size)."""
     if shape is None:
         return 4096
     available = resources.available_memory() if available is None else available
-    budget = max(0, available - shape.file_size) // 4
+    budget = max(0, available - (shape.file_size if weights is None else weights)) // 4
     fits = budget // max(shape.kv_bytes_per_token, 1)
     n = min(shape.n_ctx_train, MAX_DEFAULT_CTX, max(fits, MIN_DEFAULT_CTX))
     # a multiple of 256 (MIN_DEFAULT_CTX is one), never past the model's own context: a
@@ -102,6 +103,28 @@ def cpu_defaults(model_path: str, given: dict) -> dict:
     if "flash_attn" not in given:
         out["flash_attn"] = False
     return out
+
+
+class _weights_mapped_not_copied:
+    """While a model loads: llama.cpp's extra (repacking) buffer types off, so every weight is used
+    from the file mapping. llama-cpp-python builds its llama_model_params from
+    llama_model_default_params() inside Llama.__init__ and has no argument for use_extra_bufts,
+    so the defaults it reads carry the setting for that one call."""
+
+    def __enter__(self):
+        mod = llama_cpp.llama.llama_cpp
+        self._orig = orig = mod.llama_model_default_params
+
+        def defaults():
+            p = orig()
+            p.use_extra_bufts = False
+            return p
+        mod.llama_model_default_params = defaults
+        return self
+
+    def __exit__(self, *exc):
+        llama_cpp.llama.llama_cpp.llama_model_default_params = self._orig
+        return False
 
 
 # --- context limit --------------------------------------------------------------------------
@@ -135,10 +158,37 @@ def _as_length(chunk: dict) -> dict:
 class Llama(llama_cpp.Llama):
     __doc__ = (llama_cpp.Llama.__doc__ or "") + "\n\n" + (__doc__ or "")
 
-    def __init__(self, model_path: str, *args, **kwargs):
+    def __init__(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
+                 **kwargs):
+        """mem_budget: run within this much memory ("4G"): weights are used from the file mapping,
+        not copied, and a prefetch policy (`prefetch`, default "popular") locks what every token
+        reads and warms the popular experts (runtime/memory_budget.py, runtime/prefetch.py).
+        None: everything copied into memory (fastest when the model fits)."""
+        budget = None
+        if mem_budget is not None:
+            from . import memory_budget
+            size = memory_budget.parse_size(mem_budget)
+            if kwargs.get("use_mmap") is False:
+                raise memory_budget.MemoryBudgetError("mem_budget runs the weights from the file mapping: "
+                                                      "it cannot be combined with use_mmap=False")
+            shape = read_shape(model_path)
+            if "n_ctx" not in kwargs and not args:
+                hot, _ = memory_budget.tensor_bytes(model_path)
+                kwargs["n_ctx"] = default_n_ctx(shape, available=size, weights=hot)
+            n_ctx = kwargs.get("n_ctx") or 512
+            budget = memory_budget.plan(model_path, size, (shape.kv_bytes_per_token if shape else 0) * n_ctx)
         if not args:
             kwargs = {**cpu_defaults(model_path, kwargs), **kwargs}
-        super().__init__(model_path, *args, **kwargs)
+        if budget is None:
+            super().__init__(model_path, *args, **kwargs)
+        else:
+            self.memory_plan = budget
+            # the engine reads the chosen experts' pages ahead as soon as each layer's router has
+            # chosen (dsc/expert-usage.c); read once, at the first graph
+            os.environ.setdefault("DEEPSEEK_CPU_EXPERT_PREFETCH", "0" if prefetch == "none" else "1")
+            with _weights_mapped_not_copied():
+                super().__init__(model_path, *args, **kwargs)
+            self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))
 
     def create_completion(self, *args, **kwargs):
         """llama_cpp.Llama.create_completion; reaching n_ctx ends with finish_reason="length"."""
@@ -150,6 +200,51 @@ class Llama(llama_cpp.Llama):
         if bound.arguments.get("stream"):
             return self._stream_length(result, full)
         return _as_length(result) if full.fired else result
+
+    def _prefetch(self, model_path, budget, policy, verbose):
+        import atexit
+        import weakref
+        from . import prefetch
+        self.memory_layout = prefetch.layout(model_path)
+        self.memory_placement, self.memory_applied, name = prefetch.run_policy(policy, self.memory_layout, budget)
+        if verbose:
+            import sys
+            a = self.memory_applied
+            print(f"deepseek-cpu: {budget.describe()}; prefetch {name}: locked {a.locked / 2**30:.2f} GiB, "
+                  f"read ahead {a.warmed / 2**30:.2f} GiB", file=sys.stderr)
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().close())
+
+    def close(self):
+        """llama_cpp.Llama.close; under a budget, first adds this run's routings to the model's
+        statistics (once)."""
+        if getattr(self, "memory_layout", None) is not None and not getattr(self, "_usage_saved", False):
+            self._usage_saved = True
+            try:
+                self.save_expert_usage()
+            except Exception as e:  # statistics are a hint: never fail a close over them
+                import warnings
+                warnings.warn(f"could not save expert statistics: {e}", stacklevel=2)
+        super().close()
+
+    def save_expert_usage(self):
+        """Add the routings counted so far to this model's statistics sidecar (used by the
+        prefetch policy at the next start under a budget); returns its path, or None."""
+        from . import prefetch
+        layout = getattr(self, "memory_layout", None) or prefetch.layout(self.model_path)
+        try:
+            usage = self.expert_usage()
+        except Exception:
+            return None
+        if usage.routings == 0:
+            return None
+        return prefetch.save_counts(layout, {layer: usage.counts[i] for i, layer in enumerate(usage.layers)})
+
+    def __del__(self):
+        # an __init__ that raised before llama_cpp.Llama.__init__ ran (a bad budget) leaves
+        # nothing to close; llama_cpp's __del__ would print an AttributeError
+        if "_stack" in self.__dict__:
+            super().__del__()
 
     def create_chat_completion(self, messages, *args, **kwargs):
         """llama_cpp.Llama.create_chat_completion. For a chat template in DeepSeek's tool-call
@@ -197,9 +292,12 @@ class Llama(llama_cpp.Llama):
         return cls(str(res.path), **kwargs)
 
 
-def open_for_terminal(model: str, threads: int | None = None, n_ctx: int | None = None) -> "Llama":
+def open_for_terminal(model: str, threads: int | None = None, n_ctx: int | None = None,
+                      mem_budget: str | None = None, prefetch: str | None = None) -> "Llama":
     """The model as `run` and `chat` open it: quiet, our defaults unless given."""
     kw: dict = {"verbose": False}
+    if mem_budget:
+        kw.update(mem_budget=mem_budget, prefetch=prefetch)
     if threads:
         kw["n_threads"] = threads
     if n_ctx:

@@ -59,12 +59,33 @@ def available_memory() -> int:
                 break
     except OSError:
         pass
-    try:
-        lim = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        cur = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if lim != "max":
-            room = int(lim) - cur
-            avail = room if avail is None else min(avail, room)
-    except (OSError, ValueError):
-        pass
+    room = _cgroup_memory_room()
+    if room is not None:
+        avail = room if avail is None else min(avail, room)
     return avail if avail is not None else 8 << 30
+
+
+def _cgroup_memory_room() -> int | None:
+    """Bytes left under this process's memory cgroup limit (v2, or v1's memory controller), if any."""
+    try:
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        groups = []
+    for line in groups:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hid == "0" and controllers == "":  # v2: the unified hierarchy
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            files = ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            lim = (base / files[0]).read_text().strip()
+            if lim == "max" or int(lim) >= 1 << 60:  # no limit (v1 writes a huge number)
+                continue
+            return int(lim) - int((base / files[1]).read_text())
+        except (OSError, ValueError):
+            continue
+    return None

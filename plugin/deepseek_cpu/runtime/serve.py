@@ -175,17 +175,40 @@ def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.
 @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
 @click.option("--alias", default=None, help="Model name reported by /v1/models.")
 @click.option("--ready-timeout", default=600.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--mem-budget", default=None, metavar="SIZE",
+              help="Run within SIZE of memory (e.g. 4G): weights used from the file mapping, not copied.")
+@click.option("--prefetch", default=None, metavar="POLICY",
+              help="Prefetch policy under --mem-budget (default: popular); the server's pages are read ahead, not locked.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def serve(model, host, port, parallel, ctx_per_slot, threads, alias, ready_timeout, dry_run, extra):
+def serve(model, host, port, parallel, ctx_per_slot, threads, alias, mem_budget, prefetch, ready_timeout, dry_run,
+          extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
+    if mem_budget:
+        extra = (*budget_flags(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run), *extra)
     cmd = build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra)
     if dry_run:
         click.echo(" ".join(cmd))
         return
     sys.exit(run_server(cmd, host, port, ready_timeout))
+
+
+def budget_flags(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> list[str]:
+    """Check the budget against the always-hot set and the slots' KV cache, warm the page cache
+    with the prefetch policy's placement (unless dry_run), and return llama-server's flags."""
+    from . import memory_budget, prefetch
+    from .llama import read_shape
+    shape = read_shape(model)
+    ctx = (ctx_per_slot or default_ctx_per_slot(model, parallel)) * parallel
+    plan = memory_budget.plan(model, memory_budget.parse_size(mem_budget), (shape.kv_bytes_per_token if shape else 0) * ctx)
+    if not dry_run:
+        layout = prefetch.layout(model)
+        placement, name = prefetch.plan_policy(policy, layout, plan)
+        n = prefetch.advise_file(layout, placement)
+        click.echo(f"deepseek-cpu serve: {plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead", err=True)
+    return memory_budget.server_flags()
 
 
 @hookimpl

@@ -70,6 +70,20 @@ def _proc_status(key: str) -> int:
     return 0
 
 
+def _io_counters() -> tuple[int, int]:
+    """(major page faults, bytes read from block devices) of this process so far."""
+    import resource
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    read = 0
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                read = int(line.split()[1])
+    except OSError:
+        pass
+    return faults, read
+
+
 def child_run(spec: dict) -> dict:
     """Runs in the child process; `spec` from the parent. Returns the run's numbers."""
     import numpy as np
@@ -85,6 +99,17 @@ def child_run(spec: dict) -> dict:
     kw = dict(n_ctx=spec["n_ctx"], n_batch=pp, n_ubatch=pp, n_threads=spec["threads"],
               n_threads_batch=spec["threads"], verbose=bool(spec.get("verbose")))
     kw.update(spec.get("opts") or {})
+    if kw.pop("use_extra_bufts", True) is False:
+        # llama.cpp's repacking off, for either engine: every weight used from the file mapping
+        # (stock "as a user with little memory runs it"; ours does this itself under mem_budget)
+        orig = lcl.llama_model_default_params
+
+        def no_repack():
+            p = orig()
+            p.use_extra_bufts = False
+            return p
+        lcl.llama_model_default_params = no_repack
+    io0 = _io_counters()
     t0 = time.perf_counter()
     llm = Llama(spec["model"], **kw)
     load_s = time.perf_counter() - t0
@@ -142,8 +167,14 @@ def child_run(spec: dict) -> dict:
     out["ttft_s"] = time.perf_counter() - t
     out["pp_tok_s"] = pp / dt
     # decode after the prompt
+    io1 = _io_counters()
     times = generate(pp, tg)
+    io2 = _io_counters()
     out["tg_tok_s"] = tg / sum(times)
+    # what the disk gave: through load + prompt, and per decoded token (cold-cache runs)
+    out["load_prefill_major_faults"], out["load_prefill_read_bytes"] = io1[0] - io0[0], io1[1] - io0[1]
+    out["tg_major_faults_per_token"] = (io2[0] - io1[0]) / max(tg, 1)
+    out["tg_read_bytes_per_token"] = (io2[1] - io1[1]) / max(tg, 1)
     out["tg_token_ms_median"] = statistics.median(times) * 1e3
     if depth > 0:
         lc.llama_memory_clear(mem, True)
@@ -231,15 +262,20 @@ def _child_env(lib: Path) -> dict:
     return env
 
 
-def run_once(engine: str, lib: Path, spec: dict, timeout: float) -> dict:
+def run_once(engine: str, lib: Path, spec: dict, timeout: float, cgroup: str | None = None) -> dict:
+    """One child run. cgroup: a cgroup directory (v1 memory controller or v2) the child joins
+    before it starts, so its memory limit holds from the first allocation."""
     with tempfile.TemporaryDirectory(prefix="dsc-bench-") as tmp:
         s = {**spec, "engine": engine, "result": os.path.join(tmp, "result.json")}
         sp = os.path.join(tmp, "spec.json")
         Path(sp).write_text(json.dumps(s))
         t = time.perf_counter()
         try:
+            def join():  # in the child, before exec
+                Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
             p = subprocess.run([sys.executable, "-m", "deepseek_cpu.tools.bench", "--child", sp], env=_child_env(lib),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                               preexec_fn=join if cgroup else None)
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
         wall = time.perf_counter() - t
@@ -247,7 +283,9 @@ def run_once(engine: str, lib: Path, spec: dict, timeout: float) -> dict:
             res = json.loads(Path(s["result"]).read_text())
         except (OSError, ValueError):
             tail = (p.stderr or "").strip().splitlines()[-15:]
-            res = {"ok": False, "error": f"child exited {p.returncode} without a result", "stderr_tail": tail}
+            why = " (killed: out of memory?)" if p.returncode == -9 else ""
+            res = {"ok": False, "error": f"child exited {p.returncode} without a result{why}", "stderr_tail": tail,
+                   "returncode": p.returncode}
         if not res.get("ok") and "stderr_tail" not in res:
             res["stderr_tail"] = (p.stderr or "").strip().splitlines()[-15:]
         res["wall_s"] = wall
@@ -519,6 +557,9 @@ def deepseek_cpu_register_commands(cli):
                   help="flash_attn for both engines (default: each engine's own default).")
     @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE",
                   help="Extra Llama() argument for both engines (VALUE parsed as JSON), e.g. --opt use_mmap=false.")
+    @click.option("--mem-budget", default=None, metavar="SIZE",
+                  help="Ours under a memory budget (Llama(mem_budget=SIZE)); for stock, --stock-opt use_extra_bufts=false "
+                       "maps its weights too. benchmarks/mem_budget.py runs both under a real memory limit.")
     @click.option("--ours-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for ours only.")
     @click.option("--stock-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for stock only.")
     @click.option("--ours-lib", type=click.Path(file_okay=False), default=None,
@@ -533,8 +574,8 @@ def deepseek_cpu_register_commands(cli):
     @click.option("--no-warm-cache", is_flag=True, help="Do not read the model into the page cache first.")
     @click.option("--no-warm-load", is_flag=True,
                   help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
-    def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, ours_opt, stock_opt,
-                  ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
+    def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, ours_opt,
+                  stock_opt, ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
                   no_warm_load):
         """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
 
@@ -552,7 +593,8 @@ def deepseek_cpu_register_commands(cli):
             if flash_attn != "default":
                 common["flash_attn"] = flash_attn == "on"
             res = bench(model, pp=pp, tg=tg, threads=threads, repeat=repeat, ctx_depth=ctx_depth,
-                        compare_stock=compare_stock, opts=common, ours_opts=_parse_opts(ours_opt),
+                        compare_stock=compare_stock, opts=common,
+                        ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}), **_parse_opts(ours_opt)},
                         stock_opts=_parse_opts(stock_opt), ours_lib=ours_lib, stock_lib=stock_lib, seed=seed,
                         timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load,
                         log=lambda m, nl=True: click.echo(m, err=True, nl=nl))

@@ -107,6 +107,9 @@ void ggml_dsc_op_profile_add(int ith, const struct ggml_tensor * node, int n_fus
     if (ith == 0 && node->op == GGML_OP_MUL_MAT_ID) {
         ggml_dsc_expert_usage_count(node);
     }
+    if (ith == 0) {
+        ggml_dsc_expert_prefetch_node(node);
+    }
     if (ith == 0 && dsc_prof_on > 0) {
         dsc_prof_add(node, n_fused, dsc_prof_now() - t0, t1 - t0);
     }

@@ -1,0 +1,106 @@
+"""A memory budget: run a model larger than the memory it is given.
+
+By default the engine copies (repacks) every weight into anonymous memory at load: fastest when the
+model fits, an out-of-memory kill when a container's limit is below the file size. Under a budget
+(`Llama(..., mem_budget="4G")`, `run/serve/bench --mem-budget 4G`) nothing is copied: every weight
+is used from the file mapping (llama.cpp's repacking off; our kernels take plain weights too), so
+the kernel keeps in the page cache the pages that are used, as many as the limit allows, and drops
+the rest instead of killing the process. What every token touches (attention, norms, router,
+shared experts, dense layers, embeddings, output: the always-hot set) is locked in memory where
+mlock is allowed (runtime/prefetch.py); with the KV cache it must fit the budget. The routed
+experts (the `ffn_{gate,up,down}_exps` tensors, ~90% of a DeepSeek MoE's bytes) share what is left.
+
+The budget is a plan, not a limit: the engine allocates no more than the hot set, and the page
+cache fills what the kernel (or a memory cgroup) allows. Enforce a hard limit with the container's
+memory limit; a budget that matches it makes the model run there instead of being killed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DeepseekCpuError
+
+# the routed experts' stacked tensors; kept file-backed under a budget
+EXPERT_TENSORS = re.compile(r"\.ffn_(gate|up|down)_exps\.weight$")
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class MemoryBudgetError(DeepseekCpuError):
+    """A budget that cannot hold the always-hot set, or that cannot be read."""
+
+
+def parse_size(text: str | int) -> int:
+    """'4G', '512M', '4.5GiB', '4096' (bytes) -> bytes."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise MemoryBudgetError(f"memory budget must be positive, not {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise MemoryBudgetError(f"memory budget {text!r}: expected a size such as 4G, 512M or 4.5GiB")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise MemoryBudgetError(f"memory budget {text!r} must be positive")
+    return n
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+@dataclass
+class BudgetPlan:
+    budget: int
+    hot_weights: int    # bytes of the tensors every token uses
+    expert_weights: int  # bytes of the routed experts
+    kv_cache: int       # bytes of the KV cache at the planned n_ctx
+
+    @property
+    def hot(self) -> int:
+        return self.hot_weights + self.kv_cache
+
+    @property
+    def expert_cache(self) -> int:
+        """What the page cache can hold of the experts within the budget."""
+        return max(0, self.budget - self.hot)
+
+    def describe(self) -> str:
+        share = min(1.0, self.expert_cache / self.expert_weights) if self.expert_weights else 1.0
+        return (f"memory budget {gib(self.budget)}: always-hot {gib(self.hot)} (weights {gib(self.hot_weights)}, "
+                f"KV cache {gib(self.kv_cache)}), routed experts {gib(self.expert_weights)}, "
+                f"{share:.0%} of them fit the page cache")
+
+
+def tensor_bytes(model_path: str | Path) -> tuple[int, int]:
+    """(always-hot bytes, routed-expert bytes) of a GGUF's tensors."""
+    import gguf
+    try:
+        r = gguf.GGUFReader(str(model_path), "r")
+    except Exception as e:
+        raise MemoryBudgetError(f"{model_path}: not a readable GGUF ({e})") from None
+    hot = experts = 0
+    for t in r.tensors:
+        if EXPERT_TENSORS.search(t.name):
+            experts += int(t.n_bytes)
+        else:
+            hot += int(t.n_bytes)
+    return hot, experts
+
+
+def plan(model_path: str | Path, budget: int, kv_cache: int) -> BudgetPlan:
+    """Check that `budget` holds the always-hot set; raises MemoryBudgetError naming both sizes."""
+    hot, experts = tensor_bytes(model_path)
+    p = BudgetPlan(budget, hot, experts, kv_cache)
+    if p.hot > budget:
+        raise MemoryBudgetError(
+            f"memory budget {gib(budget)} is smaller than the always-hot set of {model_path}: {gib(p.hot)} "
+            f"(attention, shared experts, dense layers, embeddings and output {gib(hot)}, KV cache {gib(kv_cache)}); "
+            f"give at least {gib(p.hot)}, or a smaller n_ctx")
+    return p
+
+
+def server_flags() -> list[str]:
+    """The same placement for llama-server: nothing repacked, every weight mapped from the file."""
+    return ["--no-repack"]

@@ -28,7 +28,7 @@ from deepseek_cpu.tools import bench, stock
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 SLACK = 512 << 20  # what the process needs beside the model's plan: Python, compute buffers
-CONFIGS = ("stock", "stock-mapped", "ours", "ours-budget-none", "ours-budget-nolock", "ours-budget")
+CONFIGS = ("stock", "stock-mapped", "ours", "ours-budget-none", "ours-budget-pinned", "ours-budget")
 
 
 def cgroup(limit: int) -> str:
@@ -47,14 +47,16 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("1")
 
 
-def spec_for(config: str, model: str, limit: int, args) -> tuple[str, dict]:
-    spec = {"model": model, "pp": args.pp, "tg": args.tg, "ctx_depth": 0, "n_ctx": args.ctx,
-            "threads": args.threads, "opts": {}}
+def spec_for(config: str, model: str, limit: int, args, seed: int) -> tuple[str, dict]:
+    # seed: each round its own random prompt and decoded tokens, so that the statistics an
+    # earlier run saved predict the model's routing, not the very tokens of the next run
+    spec = {"model": model, "pp": args.pp, "tg": args.tg, "ctx_depth": 0, "n_ctx": args.ctx, "seed": seed,
+            "threads": args.threads, "opts": {}, "random_decode": True}
     if config == "stock-mapped":
         spec["opts"]["use_extra_bufts"] = False
     if config.startswith("ours-budget"):
         spec["opts"]["mem_budget"] = limit - SLACK
-        spec["opts"]["prefetch"] = {"ours-budget-none": "none", "ours-budget-nolock": "popular-nolock"}.get(config, "popular")
+        spec["opts"]["prefetch"] = {"ours-budget-none": "none", "ours-budget-pinned": "pinned"}.get(config, "popular")
     return ("stock" if config.startswith("stock") else "ours"), spec
 
 
@@ -77,13 +79,16 @@ def main(argv=None) -> int:
     size = os.path.getsize(args.model)
     libs = {"ours": bench.ours_lib_dir(),
             "stock": stock.ensure_stock_build() if any(c.startswith("stock") for c in args.configs) else None}
+    # the expert statistics start empty: budgeted runs add theirs at exit, and later runs read them
+    from deepseek_cpu.runtime import prefetch
+    prefetch.sidecar_path(prefetch.layout(args.model)).unlink(missing_ok=True)
     results = []
     for frac in args.fractions:
         limit = int(size * frac)
         cg = cgroup(limit)
         for rnd in range(args.rounds):
             for config in args.configs:
-                engine, spec = spec_for(config, args.model, limit, args)
+                engine, spec = spec_for(config, args.model, limit, args, seed=1000 * rnd + int(100 * frac))
                 drop_page_cache()
                 t = time.perf_counter()
                 r = bench.run_once(engine, libs[engine], spec, args.timeout, cgroup=cg)
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
                 print(f"{frac:5.2f}x {config:17s} {'killed' if any(r.get('returncode') == -9 for r in results if r['fraction'] == frac and r['config'] == config) else 'failed':>9s}")
                 continue
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-            print(f"{frac:5.2f}x {config:17s} {med('tg_tok_s'):9.2f} {statistics.median(r['load_s'] + r['ttft_s'] for r in rs):11.1f} "
+            print(f"{frac:5.2f}x {config:17s} {med('tg_tok_s'):9.2f} {statistics.median(r['load_s'] + r['first_prefill_s'] for r in rs):11.1f} "
                   f"{med('tg_major_faults_per_token'):10.0f} {med('tg_read_bytes_per_token') / 2**20:8.0f}")
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "size": size, "host": bench._host(), "runs": results}, indent=1))

@@ -49,19 +49,54 @@ def test_budget_below_the_always_hot_set_names_both_sizes(gguf):
     assert memory_budget.gib(hot // 2) in msg and "always-hot" in msg
 
 
-def test_budgeted_model_gives_the_same_logits_and_locks_the_hot_set(gguf):
+def test_budgeted_model_gives_the_same_logits(gguf):
     from deepseek_cpu import Llama
     ref = _logits(Llama(gguf, n_ctx=64, logits_all=True, verbose=False))
     llm = Llama(gguf, n_ctx=64, logits_all=True, mem_budget="1G", verbose=False)
     np.testing.assert_allclose(_logits(llm), ref, rtol=0, atol=1e-5)
     layout = llm.memory_layout
-    hot = {r.what for r in llm.memory_placement.hot}
-    assert hot == {t.name for t in layout.tensors if not memory_budget.EXPERT_TENSORS.search(t.name)}
-    assert {t.name for t in layout.expert_tensors} and not llm.memory_placement.warm  # no statistics yet
-    a = llm.memory_applied
-    assert a.locked > 0 or a.lock_refused  # locked, or refused and read ahead instead
-    # the file is mapped, and the model's expert tensors lie inside the mapping
+    assert {t.name for t in layout.expert_tensors} == {t.name for t in layout.tensors
+                                                        if memory_budget.EXPERT_TENSORS.search(t.name)}
+    assert not llm.memory_placement.warm and not llm.memory_placement.hot  # no statistics yet
+    # the file is mapped: the experts are read from it
     assert prefetch.file_mapping(layout.path) is not None
+
+
+def _anonymous_kib() -> int:
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1])
+    raise AssertionError("no Anonymous line in smaps_rollup")
+
+
+def test_experts_stay_in_the_file_mapping(tmp_path_factory):
+    """On a quantized model (where the engine would otherwise repack every weight into anonymous
+    memory), a budgeted load copies only the always-hot set: the engine's loader reads the experts'
+    DEEPSEEK_CPU_MAPPED pattern. The logits follow the fully repacked load's (other kernels, the same
+    products)."""
+    from deepseek_cpu import Llama
+    from deepseek_cpu.tools import synth
+    path = synth.synthesize(tmp_path_factory.mktemp("budget") / "v2-lite-3.gguf", "v2-lite", "q4_0", layers=3,
+                            tokenizer="offline", progress=False)
+    hot, experts = memory_budget.tensor_bytes(path)
+    assert experts > hot
+    before = _anonymous_kib()
+    full = Llama(str(path), n_ctx=64, logits_all=True, verbose=False)
+    grown_full = (_anonymous_kib() - before) << 10
+    ref = _logits(full)
+    full.close()
+    del full
+    before = _anonymous_kib()
+    llm = Llama(str(path), n_ctx=64, logits_all=True, mem_budget="2G", verbose=False)
+    grown = (_anonymous_kib() - before) << 10
+    assert grown_full > experts * 0.9, (grown_full, experts)       # the default copies the experts
+    assert grown < grown_full - experts * 0.9, (grown, grown_full)  # the budgeted load does not
+    got = _logits(llm)
+    print("max |diff| / max |logit|:", np.abs(got - ref).max() / np.abs(ref).max(),
+          "same top token:", (got.argmax(axis=1) == ref.argmax(axis=1)).mean())
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.75
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+    assert "DEEPSEEK_CPU_MAPPED" not in __import__("os").environ  # set for the load only
 
 
 def test_statistics_persist_and_warm_the_next_start(gguf):
@@ -101,7 +136,7 @@ def test_a_policy_that_raises_falls_back_to_the_built_in(gguf, monkeypatch):
     budget = memory_budget.plan(gguf, 1 << 30, 0)
     with pytest.warns(UserWarning, match="'broken' failed .*boom"):
         placement, _, used = prefetch.run_policy("broken", layout, budget)
-    assert used == "popular" and placement.hot
+    assert used == "popular" and isinstance(placement, prefetch.Placement)
     with pytest.raises(ValueError, match="unknown prefetch policy 'nope'"):
         prefetch.run_policy("nope", layout, budget)
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import CHECKPOINTS, fixture_dir
 
 from deepseek_cpu.quantization import registry
-from deepseek_cpu.tools import synth
+from deepseek_cpu.tools import routing, synth
 
 # the schemes whose every tensor type synth predicts exactly (llama.cpp's recipes it imitates)
 EXACT_SCHEMES = [n for n, s in registry.schemes().items() if s.exact_prediction]
@@ -275,3 +275,67 @@ def test_byte_level_tokenizer_fallback():
     tok, src = synth.synth_tokenizer("v3", cfg, "bytes")
     assert len(tok.tokens) == 129280 and tok.bos_id == 0 and tok.eos_id == 1 and tok.pre == "deepseek-v3"
     assert "stand-in" in src
+
+
+@pytest.fixture(scope="module")
+def routed_files(tmp_path_factory):
+    """3-layer V2-Lite q4_0 files (2 MoE layers) with each routing, written once."""
+    d = tmp_path_factory.mktemp("routing")
+    out = {}
+
+    def get(kind):
+        if kind not in out:
+            out[kind] = synth.synthesize(d / f"v2-lite-3-{kind}.gguf", "v2-lite", "q4_0", layers=3, tokenizer="offline",
+                                         progress=False, routing=routing.Routing(kind))
+        return out[kind]
+    return get
+
+
+def _engine_top10(path):
+    """Share of routings the most used 10% of experts took, per MoE layer, as the engine counted
+    them over 1,024 random tokens (logits for every token, so the last layer routes them all)."""
+    from deepseek_cpu import Llama
+    llm = Llama(str(path), n_ctx=1024, n_batch=512, logits_all=True, verbose=False)
+    rng = np.random.default_rng(7)
+    llm.reset_expert_usage()
+    for _ in range(2):
+        llm.reset()
+        llm.eval(rng.integers(1000, 100000, 512).tolist())
+    usage = llm.expert_usage()
+    llm.close()
+    return usage.coverage(0.1)
+
+
+def test_routing_is_what_synth_says(routed_files):
+    """The engine's own routing counts: `random` weights send most tokens to a few experts,
+    `uniform` spreads them, `skewed` plants the share it reports in the file (within what 1,024
+    tokens can tell). The uniform bound 0.25 is 2.5x a perfect spread: random tokens still share
+    some structure through attention."""
+    from deepseek_cpu.gguf_header import read
+    top = {kind: _engine_top10(routed_files(kind)) for kind in ("random", "uniform", "skewed")}
+    assert (top["random"] > 0.6).all(), top
+    assert (top["uniform"] < 0.25).all(), top
+    planted = float(re.search(r"take (\d+)%", read(routed_files("skewed")).get(synth.ROUTING_KEY)).group(1)) / 100
+    assert planted == pytest.approx(routing.DEFAULT_TOP10, abs=0.02)
+    assert (abs(top["skewed"] - planted) < 0.12).all() and (top["skewed"] > top["uniform"] + 0.1).all(), (planted, top)
+
+
+def test_zero_mean_blocks():
+    """Where synth centres the quants (the routings' premise), each type decodes with mean ~0:
+    below 2% of the weights' standard deviation over 64k blocks."""
+    for qtype in synth._CENTRED:
+        n = gguf.GGML_QUANT_SIZES[qtype][0] * 65536
+        raw = np.concatenate([np.ascontiguousarray(c).view(np.uint8) for c in synth.RandomBlocks(3).chunks(qtype, n)])
+        w = gguf.quants.dequantize(raw.reshape(1, -1), qtype).reshape(-1)
+        assert abs(w.mean()) < 0.02 * w.std(), (qtype, w.mean(), w.std())
+        old = np.concatenate([np.ascontiguousarray(c).view(np.uint8)
+                              for c in synth.RandomBlocks(3, zero_mean=False).chunks(qtype, n)])
+        w_old = gguf.quants.dequantize(old.reshape(1, -1), qtype).reshape(-1)
+        assert abs(w_old.mean()) > 0.04 * w_old.std(), qtype  # what "random" keeps
+
+
+def test_unplantable_skew_is_a_clear_error(tmp_path):
+    with pytest.raises(synth.SynthError, match="cannot be planted"):
+        synth.synthesize(tmp_path / "x.gguf", "v2-lite", "q4_0", layers=2, tokenizer="offline", progress=False,
+                         routing=routing.Routing("skewed", 0.9))
+    assert not list(tmp_path.iterdir())

@@ -52,20 +52,18 @@ class ModelShape:
 def read_shape(path: str) -> ModelShape | None:
     """The few GGUF keys needed to size a context (None if the file is unreadable)."""
     import gguf
+    from ..gguf_header import read
     try:
-        r = gguf.GGUFReader(path, "r")
-    except Exception:
+        h = read(path)
+    except (OSError, ValueError):
         return None
 
     def val(key, default=None):
-        f = r.fields.get(key)
-        if f is None or not f.data:
-            return default
-        return f.parts[f.data[0]].tolist()[0] if len(f.data) == 1 else default
+        v = h.get(key)
+        return default if v is None or isinstance(v, str) else v
 
     K = gguf.Keys
-    arch_f = r.fields.get(K.General.ARCHITECTURE)
-    arch = bytes(arch_f.parts[arch_f.data[0]]).decode() if arch_f else "unknown"
+    arch = h.arch
     n_layer = int(val(K.LLM.BLOCK_COUNT.format(arch=arch), 0) or 0)
     n_ctx_train = int(val(K.LLM.CONTEXT_LENGTH.format(arch=arch), 4096) or 4096)
     kv_lora = val(K.Attention.KV_LORA_RANK.format(arch=arch))
@@ -105,28 +103,6 @@ def cpu_defaults(model_path: str, given: dict) -> dict:
     return out
 
 
-class _weights_mapped_not_copied:
-    """While a model loads: llama.cpp's extra (repacking) buffer types off, so every weight is used
-    from the file mapping. llama-cpp-python builds its llama_model_params from
-    llama_model_default_params() inside Llama.__init__ and has no argument for use_extra_bufts,
-    so the defaults it reads carry the setting for that one call."""
-
-    def __enter__(self):
-        mod = llama_cpp.llama.llama_cpp
-        self._orig = orig = mod.llama_model_default_params
-
-        def defaults():
-            p = orig()
-            p.use_extra_bufts = False
-            return p
-        mod.llama_model_default_params = defaults
-        return self
-
-    def __exit__(self, *exc):
-        llama_cpp.llama.llama_cpp.llama_model_default_params = self._orig
-        return False
-
-
 # --- context limit --------------------------------------------------------------------------
 _COMPLETION_SIG = inspect.signature(llama_cpp.Llama.create_completion)
 
@@ -160,10 +136,11 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
                  **kwargs):
-        """mem_budget: run within this much memory ("4G"): weights are used from the file mapping,
-        not copied, and a prefetch policy (`prefetch`, default "popular") locks what every token
-        reads and warms the popular experts (runtime/memory_budget.py, runtime/prefetch.py).
-        None: everything copied into memory (fastest when the model fits)."""
+        """mem_budget: run within this much memory ("4G"): the routed experts are used from the
+        file mapping instead of being copied, what every token reads is copied as usual, and a
+        prefetch policy (`prefetch`, default "popular") reads the popular experts ahead
+        (runtime/memory_budget.py, runtime/prefetch.py). None: everything copied into memory
+        (fastest when the model fits)."""
         budget = None
         if mem_budget is not None:
             from . import memory_budget
@@ -186,7 +163,8 @@ class Llama(llama_cpp.Llama):
             # the engine reads the chosen experts' pages ahead as soon as each layer's router has
             # chosen (dsc/expert-usage.c); read once, at the first graph
             os.environ.setdefault("DEEPSEEK_CPU_EXPERT_PREFETCH", "0" if prefetch == "none" else "1")
-            with _weights_mapped_not_copied():
+            from . import model_params
+            with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern):
                 super().__init__(model_path, *args, **kwargs)
             self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))
 

@@ -2,13 +2,14 @@
 
 By default the engine copies (repacks) every weight into anonymous memory at load: fastest when the
 model fits, an out-of-memory kill when a container's limit is below the file size. Under a budget
-(`Llama(..., mem_budget="4G")`, `run/serve/bench --mem-budget 4G`) nothing is copied: every weight
-is used from the file mapping (llama.cpp's repacking off; our kernels take plain weights too), so
-the kernel keeps in the page cache the pages that are used, as many as the limit allows, and drops
-the rest instead of killing the process. What every token touches (attention, norms, router,
-shared experts, dense layers, embeddings, output: the always-hot set) is locked in memory where
-mlock is allowed (runtime/prefetch.py); with the KV cache it must fit the budget. The routed
-experts (the `ffn_{gate,up,down}_exps` tensors, ~90% of a DeepSeek MoE's bytes) share what is left.
+(`Llama(..., mem_budget="4G")`, `run/serve/bench --mem-budget 4G`) the routed experts (the
+`ffn_{gate,up,down}_exps` tensors, ~90% of a DeepSeek MoE's bytes; each token uses 6 of 64 or
+160) stay in the file mapping and run on the engine's kernels for plain weights; the kernel keeps
+the pages that are used in its page cache, as many as the limit allows, and drops the rest
+instead of killing the process. What every token reads (attention, norms, router, shared
+experts, dense layers, embeddings, output: the always-hot set) is copied and repacked as usual;
+with the KV cache it must fit the budget. The experts share what is left, and a prefetch policy
+(runtime/prefetch.py) decides which of them to read ahead.
 
 The budget is a plan, not a limit: the engine allocates no more than the hot set, and the page
 cache fills what the kernel (or a memory cgroup) allows. Enforce a hard limit with the container's
@@ -75,17 +76,17 @@ class BudgetPlan:
 
 def tensor_bytes(model_path: str | Path) -> tuple[int, int]:
     """(always-hot bytes, routed-expert bytes) of a GGUF's tensors."""
-    import gguf
+    from ..gguf_header import read
     try:
-        r = gguf.GGUFReader(str(model_path), "r")
-    except Exception as e:
+        h = read(model_path)
+    except (OSError, ValueError) as e:
         raise MemoryBudgetError(f"{model_path}: not a readable GGUF ({e})") from None
     hot = experts = 0
-    for t in r.tensors:
+    for t in h.tensors:
         if EXPERT_TENSORS.search(t.name):
-            experts += int(t.n_bytes)
+            experts += t.nbytes
         else:
-            hot += int(t.n_bytes)
+            hot += t.nbytes
     return hot, experts
 
 
@@ -101,6 +102,8 @@ def plan(model_path: str | Path, budget: int, kv_cache: int) -> BudgetPlan:
     return p
 
 
-def server_flags() -> list[str]:
-    """The same placement for llama-server: nothing repacked, every weight mapped from the file."""
-    return ["--no-repack"]
+def server_env() -> dict[str, str]:
+    """The same placement for llama-server: the routed experts stay in the file mapping, the rest
+    placed as usual (runtime/model_params.py)."""
+    from .model_params import MAPPED_ENV
+    return {MAPPED_ENV: EXPERT_TENSORS.pattern}

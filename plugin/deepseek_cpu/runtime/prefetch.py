@@ -1,24 +1,29 @@
 """Cold/hot weights under a memory budget: which pages of the model file to lock, warm or leave.
 
-Under `mem_budget` every weight is used from the file mapping (runtime/memory_budget.py). A
-prefetch policy (a plugin: `deepseek_cpu_prefetch_policies`) looks at the model's layout (each
-tensor's bytes in the file, and each routed expert's slice of a stacked expert tensor) and at the
-expert-usage statistics, and returns a Placement:
+Under `mem_budget` the routed experts (~90% of a DeepSeek MoE's bytes) are used from the file
+mapping, and everything else, what every token reads, is copied into memory as usual
+(runtime/memory_budget.py). A prefetch policy (a plugin: `deepseek_cpu_prefetch_policies`) looks
+at the model's layout (each tensor's bytes in the file, and each routed expert's slice of a
+stacked expert tensor) and at the expert-usage statistics, and returns a Placement:
 
-    hot   ranges locked in memory (mlock): what every token reads
-    warm  ranges read ahead now, most wanted first (madvise WILLNEED): the popular experts
+    hot   expert ranges locked in memory (mlock)
+    warm  expert ranges read ahead now, most wanted first (madvise WILLNEED)
     cold  everything else: left to the page cache, read when the router asks for it
 
-The built-in policy `popular`: hot = every tensor but the routed experts (attention, norms, router,
-shared experts, dense layers, embeddings, output); warm = routed experts in order of measured
-popularity (this model's sidecar, written at the end of each budgeted run), as many as the budget
-leaves room for. With no statistics yet, nothing is warmed.
+Ranges outside the mapped expert tensors are ignored: the engine holds those in memory already.
+
+Built in: `popular` (the default) reads ahead the experts in order of measured popularity (this
+model's sidecar, written at the end of each budgeted run), as many as the budget leaves room
+for; with no statistics yet, nothing. `pinned` locks the most popular half of those instead of
+reading them ahead. `none` does nothing (the page cache alone). Whatever the policy, the engine
+reads each layer's chosen experts ahead as soon as its router has chosen them
+(DEEPSEEK_CPU_EXPERT_PREFETCH, dsc/expert-usage.c).
 
 Statistics persist per model in a small JSON sidecar under the cache root (experts/<model id>.json,
 the id from the file's size and tensor table), so the next start warms the right experts first. A
 sidecar of another model or a corrupt one is ignored with a warning; a policy that raises is
-reported and the built-in one is used; mlock refused (RLIMIT_MEMLOCK) falls back to warming the hot
-set, with a warning.
+reported and the built-in one is used; mlock refused (RLIMIT_MEMLOCK) falls back to reading ahead,
+with a warning.
 """
 from __future__ import annotations
 
@@ -87,35 +92,35 @@ class Placement:
 
 
 def layout(path: str | os.PathLike) -> ModelLayout:
-    import gguf
-    r = gguf.GGUFReader(str(path), "r")
+    from ..gguf_header import read
+    header = read(path)
     tensors, h = [], hashlib.sha256()
-    h.update(str(os.path.getsize(path)).encode())
-    for t in r.tensors:
+    h.update(str(header.size).encode())
+    for t in header.tensors:
         m = re.match(r"blk\.(\d+)\.", t.name)
         n_expert = int(t.shape[-1]) if EXPERT_TENSORS.search(t.name) and len(t.shape) == 3 else 0
-        tensors.append(TensorInfo(t.name, int(t.data_offset), int(t.n_bytes), int(m.group(1)) if m else None, n_expert))
-        h.update(f"{t.name}:{t.data_offset}:{t.n_bytes}:{list(map(int, t.shape))};".encode())
-    return ModelLayout(Path(path), os.path.getsize(path), tensors, h.hexdigest()[:24])
+        tensors.append(TensorInfo(t.name, t.offset, t.nbytes, int(m.group(1)) if m else None, n_expert))
+        h.update(f"{t.name}:{t.offset}:{t.nbytes}:{list(t.shape)};".encode())
+    return ModelLayout(Path(path), header.size, tensors, h.hexdigest()[:24])
 
 
 # -- policies ----------------------------------------------------------------------------------
 
 class PopularExperts:
-    """The built-in policy (see the module docstring). lock=False reads the hot set ahead instead
-    of locking it."""
+    """The built-in policy (see the module docstring). pin: the share of the expert cache to lock
+    (most popular first) instead of reading it ahead."""
 
-    description = "hot: all but the routed experts; warm: experts by measured popularity"
+    description = "read ahead the experts earlier runs used most, as many as the budget holds"
 
-    def __init__(self, lock: bool = True):
-        self.lock = lock
+    def __init__(self, pin: float = 0.0):
+        self.pin = pin
 
     def plan(self, model: ModelLayout, counts: dict[int, np.ndarray] | None, budget: BudgetPlan) -> Placement:
-        hot = [Range(t.offset, t.nbytes, t.name) for t in model.hot_tensors]
-        p = Placement(hot=hot) if self.lock else Placement(warm=hot)
+        p = Placement()
         if not counts:
             return p
         room = budget.expert_cache
+        pin_room = int(room * self.pin)
         ranked = []  # (routings, layer, expert)
         for layer, row in counts.items():
             ranked += [(int(c), layer, e) for e, c in enumerate(row) if c > 0]
@@ -128,7 +133,12 @@ class PopularExperts:
             need = sum(s.length for s in slices)
             if need > room:
                 break
-            p.warm += slices
+            if need <= pin_room:
+                p.hot += slices
+                pin_room -= need
+            else:
+                p.warm += slices
+                pin_room = 0
             room -= need
         return p
 
@@ -227,6 +237,12 @@ class Applied:
     lock_refused: str | None = None
 
 
+def _within_experts(model: ModelLayout, ranges: list[Range]) -> list[Range]:
+    """The ranges inside the routed-expert tensors (the only ones used from the mapping)."""
+    spans = [(t.offset, t.offset + t.nbytes) for t in model.expert_tensors]
+    return [r for r in ranges if any(a <= r.offset and r.offset + r.length <= b for a, b in spans)]
+
+
 def apply(model: ModelLayout, placement: Placement) -> Applied:
     """mlock the hot ranges (falling back to WILLNEED if refused), WILLNEED the warm ones."""
     mapping = file_mapping(model.path)
@@ -235,7 +251,7 @@ def apply(model: ModelLayout, placement: Placement) -> Applied:
         warnings.warn(f"{model.path} is not mapped in this process (use_mmap off?); no prefetch", stacklevel=2)
         return done
     libc = _libc()
-    for r in placement.hot:
+    for r in _within_experts(model, placement.hot):
         span = _page_span(mapping, r)
         if span is None:
             continue
@@ -244,11 +260,11 @@ def apply(model: ModelLayout, placement: Placement) -> Applied:
             continue
         if done.lock_refused is None:
             done.lock_refused = os.strerror(ctypes.get_errno())
-            warnings.warn(f"mlock refused ({done.lock_refused}; see RLIMIT_MEMLOCK, `ulimit -l`): the always-hot "
-                          f"weights are read ahead instead of locked", stacklevel=2)
+            warnings.warn(f"mlock refused ({done.lock_refused}; see RLIMIT_MEMLOCK, `ulimit -l`): the experts to pin "
+                          f"are read ahead instead", stacklevel=2)
         libc.madvise(span[0], span[1], MADV_WILLNEED)
         done.warmed += span[1]
-    for r in placement.warm:
+    for r in _within_experts(model, placement.warm):
         span = _page_span(mapping, r)
         if span is not None and libc.madvise(span[0], span[1], MADV_WILLNEED) == 0:
             done.warmed += span[1]
@@ -261,7 +277,7 @@ def advise_file(model: ModelLayout, placement: Placement) -> int:
     n = 0
     fd = os.open(model.path, os.O_RDONLY)
     try:
-        for r in placement.hot + placement.warm:
+        for r in _within_experts(model, placement.hot + placement.warm):
             os.posix_fadvise(fd, r.offset, r.length, os.POSIX_FADV_WILLNEED)
             n += r.length
     finally:
@@ -301,4 +317,4 @@ from ..hookspecs import hookimpl  # noqa: E402
 
 @hookimpl
 def deepseek_cpu_prefetch_policies():
-    return {"popular": PopularExperts(), "popular-nolock": PopularExperts(lock=False), "none": NoPrefetch()}
+    return {"popular": PopularExperts(), "pinned": PopularExperts(pin=0.5), "none": NoPrefetch()}

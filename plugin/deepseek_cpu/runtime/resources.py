@@ -5,22 +5,53 @@ import os
 from pathlib import Path
 
 
+def _own_cgroups(controller: str):
+    """This process's cgroup directories that carry `controller`: (v2's unified one, v1's) in the
+    order /proc/self/cgroup lists them."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.lstrip("/")
+        if hid == "0" and controllers == "":
+            # the unified hierarchy: /sys/fs/cgroup itself, or .../unified beside v1's controllers
+            root = Path("/sys/fs/cgroup")
+            yield 2, (root if (root / "cgroup.controllers").exists() else root / "unified") / rel
+        elif controller in controllers.split(","):
+            mount = Path("/sys/fs/cgroup") / controllers
+            yield 1, (mount if mount.is_dir() else Path("/sys/fs/cgroup") / controller) / rel
+
+
 def cgroup_cpu_limit() -> float | None:
-    """CPUs allowed by a cgroup v2 (cpu.max) or v1 (cfs quota) limit, if any."""
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        p = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        if q > 0 and p > 0:
-            return q / p
-    except (OSError, ValueError):
-        pass
+    """CPUs allowed by this process's cgroup v2 (cpu.max) or v1 (cfs quota) limit, if any."""
+    for version, base in _own_cgroups("cpu"):
+        try:
+            if version == 2:
+                quota, period = (base / "cpu.max").read_text().split()[:2]
+                if quota != "max":
+                    return int(quota) / int(period)
+            else:
+                q = int((base / "cpu.cfs_quota_us").read_text())
+                p = int((base / "cpu.cfs_period_us").read_text())
+                if q > 0 and p > 0:
+                    return q / p
+        except (OSError, ValueError):
+            continue
     return None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-3,8,10-11' (taskset's and cpuset's notation) -> {0, 1, 2, 3, 8, 10, 11}."""
+    cpus: set[int] = set()
+    try:
+        for part in text.replace(" ", "").split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"CPU list {text!r}: expected a list such as 0-3,8") from None
+    return cpus
 
 
 def physical_cores(cpus: set[int]) -> int:
@@ -35,11 +66,11 @@ def physical_cores(cpus: set[int]) -> int:
     return len(cores) or len(cpus)
 
 
-def default_threads() -> int:
-    """Physical cores this process may run on, capped by its cgroup quota. Matrix kernels
-    gain nothing from SMT siblings and lose a lot to oversubscription."""
+def default_threads(cpus: set[int] | None = None) -> int:
+    """Physical cores this process may run on (or among `cpus`), capped by its cgroup quota.
+    Matrix kernels gain nothing from SMT siblings and lose a lot to oversubscription."""
     try:
-        cpus = os.sched_getaffinity(0)
+        cpus = cpus or os.sched_getaffinity(0)
     except (AttributeError, OSError):
         cpus = set(range(os.cpu_count() or 1))
     n = physical_cores(cpus)
@@ -67,20 +98,8 @@ def available_memory() -> int:
 
 def _cgroup_memory_room() -> int | None:
     """Bytes left under this process's memory cgroup limit (v2, or v1's memory controller), if any."""
-    try:
-        groups = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        groups = []
-    for line in groups:
-        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if hid == "0" and controllers == "":  # v2: the unified hierarchy
-            base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            files = ("memory.max", "memory.current")
-        elif "memory" in controllers.split(","):  # v1
-            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        else:
-            continue
+    for version, base in _own_cgroups("memory"):
+        files = ("memory.max", "memory.current") if version == 2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
         try:
             lim = (base / files[0]).read_text().strip()
             if lim == "max" or int(lim) >= 1 << 60:  # no limit (v1 writes a huge number)

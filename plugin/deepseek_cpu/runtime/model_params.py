@@ -1,0 +1,55 @@
+"""Model-load settings that llama-cpp-python's Llama() has no argument for, for one load.
+
+Llama.__init__ builds its llama_model_params from llama_model_default_params(); while
+no_repacking() is active, the defaults it reads carry the setting. mapped() sets the engine's
+DEEPSEEK_CPU_MAPPED for the load.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import llama_cpp
+
+MAPPED_ENV = "DEEPSEEK_CPU_MAPPED"
+
+
+@contextlib.contextmanager
+def _patched_defaults(change):
+    mod = llama_cpp.llama.llama_cpp
+    orig = mod.llama_model_default_params
+
+    def defaults():
+        p = orig()
+        change(p)
+        return p
+    mod.llama_model_default_params = defaults
+    try:
+        yield
+    finally:
+        mod.llama_model_default_params = orig
+
+
+def no_repacking():
+    """Every weight in the plain CPU buffer: used from the file mapping, nothing copied
+    (llama.cpp's extra, repacking, buffer types off)."""
+    def change(p):
+        p.use_extra_bufts = False
+    return _patched_defaults(change)
+
+
+@contextlib.contextmanager
+def mapped(pattern: str):
+    """Tensors whose name matches `pattern` (a regular expression, searched) stay in the plain CPU
+    buffer, used from the file mapping; the others are placed as usual (repacked, copied). The
+    engine's loader reads DEEPSEEK_CPU_MAPPED (src/dsc/loader-mapped.cpp): llama.cpp's own tensor
+    overrides still repack a tensor overridden to the CPU buffer type."""
+    old = os.environ.get(MAPPED_ENV)
+    os.environ[MAPPED_ENV] = pattern
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(MAPPED_ENV, None)
+        else:
+            os.environ[MAPPED_ENV] = old

@@ -1,6 +1,13 @@
-"""A memory budget: weights used from the file mapping, the always-hot set locked, popular experts
-warmed from saved statistics (runtime/memory_budget.py, runtime/prefetch.py)."""
+"""A memory budget: the routed experts used from the file mapping, the rest copied as usual, popular
+experts warmed from saved statistics (runtime/memory_budget.py, runtime/prefetch.py), under a real
+memory limit too."""
+import contextlib
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,7 +103,7 @@ def test_experts_stay_in_the_file_mapping(tmp_path_factory):
           "same top token:", (got.argmax(axis=1) == ref.argmax(axis=1)).mean())
     assert (got.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.75
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-2 * np.abs(ref).max())
-    assert "DEEPSEEK_CPU_MAPPED" not in __import__("os").environ  # set for the load only
+    assert "DEEPSEEK_CPU_MAPPED" not in os.environ  # set for the load only
 
 
 def test_statistics_persist_and_warm_the_next_start(gguf):
@@ -146,24 +153,96 @@ def test_built_in_policies_come_through_the_hook():
     assert {"popular", "none"} <= set(found)
 
 
-def test_a_memory_cgroup_limit_bounds_the_memory_we_plan_for(tmp_path):
-    """A process in a memory cgroup (v1 here) sees the room under its limit, not the machine's
-    free memory: default contexts and budgets are sized for the container."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+@contextlib.contextmanager
+def memory_cgroup(limit: int):
+    """A v1 memory cgroup limited to `limit` bytes (page cache included); yields a preexec_fn that
+    moves a child process into it before it starts."""
     root = Path("/sys/fs/cgroup/memory")
     if os.geteuid() != 0 or not (root / "cgroup.procs").exists():
-        pytest.skip("needs root and the cgroup v1 memory controller")
+        pytest.skip("not applicable: needs root and the cgroup v1 memory controller")
     group = root / f"dsc-test-{os.getpid()}"
     group.mkdir()
     try:
-        (group / "memory.limit_in_bytes").write_text(str(1 << 30))
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        yield lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
+    finally:
+        for _ in range(50):  # the last child may still be leaving the group
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_memory_cgroup_limit_bounds_the_memory_we_plan_for():
+    """A process in a memory cgroup (v1 here) sees the room under its limit, not the machine's
+    free memory: default contexts and budgets are sized for the container."""
+    with memory_cgroup(1 << 30) as join:
         code = "from deepseek_cpu.runtime import resources as r; print(r.available_memory())"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
-        assert out.returncode == 0, out.stderr
-        assert 0 < int(out.stdout) <= 1 << 30
+                             preexec_fn=join)
+    assert out.returncode == 0, out.stderr
+    assert 0 < int(out.stdout) <= 1 << 30
+
+
+RUN_UNDER_LIMIT = """
+import sys, numpy as np
+from deepseek_cpu import Llama
+kw = dict(mem_budget=sys.argv[2]) if sys.argv[2] != "none" else {}
+llm = Llama(sys.argv[1], n_ctx=256, verbose=False, **kw)
+rng = np.random.default_rng(0)
+llm.eval(rng.integers(1000, 100000, 16).tolist())
+for t in rng.integers(1000, 100000, 8).tolist():
+    llm.eval([int(t)])
+print("decoded", llm.n_tokens)
+"""
+
+
+def test_a_model_larger_than_the_memory_limit_runs_under_a_budget(tmp_path_factory):
+    """A real limit, enforced by the kernel: a q4_0 model whose experts alone exceed the cgroup's
+    memory. Loaded as usual (every weight copied) it cannot run there: killed, or stalled until
+    the timeout; under a budget it loads and decodes."""
+    from deepseek_cpu.tools import synth
+    path = synth.synthesize(tmp_path_factory.mktemp("limit") / "v2-lite-6.gguf", "v2-lite", "q4_0", layers=6,
+                            tokenizer="offline", progress=False)
+    hot, experts = memory_budget.tensor_bytes(path)
+    limit = int(hot + experts * 0.3) + (320 << 20)  # the process itself: Python, libraries, buffers
+    assert experts > limit
+    with memory_cgroup(limit) as join:
+        def run(budget, timeout):
+            try:
+                return subprocess.run([sys.executable, "-c", RUN_UNDER_LIMIT, str(path), budget], capture_output=True,
+                                      text=True, timeout=timeout, preexec_fn=join)
+            except subprocess.TimeoutExpired:
+                return None
+        default = run("none", 120)
+        budgeted = run(str(limit - (320 << 20)), 600)
+    assert default is None or default.returncode != 0, default.stdout
+    assert budgeted is not None and budgeted.returncode == 0, budgeted and budgeted.stderr[-2000:]
+    assert "decoded 24" in budgeted.stdout
+
+
+def test_the_documented_policy_example_runs(gguf):
+    """docs/plugins.md's prefetch-policy example, registered as a plugin, plans within the budget."""
+    import re
+
+    from deepseek_cpu import plugins
+    text = Path(__file__).resolve().parents[1].joinpath("docs", "plugins.md").read_text()
+    section = text[text.index("## deepseek_cpu_prefetch_policies()"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "plugins.md", "exec"), namespace)
+
+    class Example:
+        deepseek_cpu_prefetch_policies = staticmethod(namespace["deepseek_cpu_prefetch_policies"])
+    pm = plugins.load()
+    pm.register(Example(), name="docs-example")
+    try:
+        layout = prefetch.layout(gguf)
+        budget = memory_budget.plan(gguf, 1 << 30, 0)
+        placement, name = prefetch.plan_policy("first-layers", layout, budget)
     finally:
-        group.rmdir()
+        pm.unregister(name="docs-example")
+    assert name == "first-layers" and placement.warm
+    assert sum(r.length for r in placement.warm) <= budget.expert_cache
+    assert {r.what.split(".")[1] for r in placement.warm} <= {str(t.layer) for t in layout.expert_tensors}

@@ -12,6 +12,7 @@ from . import __version__
 from .quantization import types as quant_types
 from .quantization.registry import SchemeName
 from .errors import DeepseekCpuError
+from .runtime.options import terminal_options
 
 
 class _Group(click.Group):
@@ -140,11 +141,7 @@ def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet)
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("-n", "--max-tokens", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True)
-@click.option("--threads", type=int, default=None, help="Default: physical cores available.")
-@click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
-@click.option("--mem-budget", default=None, metavar="SIZE",
-              help="Run within SIZE of memory (e.g. 4G): weights stay in the file mapping, the hot ones locked.")
-@click.option("--prefetch", default=None, metavar="POLICY", help="Prefetch policy under --mem-budget (default: popular).")
+@terminal_options
 def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
     from .runtime.llama import open_for_terminal

@@ -14,6 +14,7 @@ import time
 import click
 
 from ..hookspecs import hookimpl
+from .options import terminal_options
 
 
 def chat_loop(llm, lines, echo=click.echo, system: str | None = None, max_tokens: int = 512,
@@ -73,11 +74,7 @@ def _ctx_full(llm) -> bool:
 @click.option("--system", default=None, help="System message.")
 @click.option("-n", "--max-tokens", default=512, show_default=True, help="Per reply.")
 @click.option("--temperature", default=0.0, show_default=True)
-@click.option("--threads", type=int, default=None, help="Default: physical cores available.")
-@click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory).")
-@click.option("--mem-budget", default=None, metavar="SIZE",
-              help="Run within SIZE of memory (e.g. 4G): weights stay in the file mapping, the hot ones locked.")
-@click.option("--prefetch", default=None, metavar="POLICY", help="Prefetch policy under --mem-budget (default: popular).")
+@terminal_options
 def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
     from .llama import open_for_terminal

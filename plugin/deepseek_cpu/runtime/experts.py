@@ -52,6 +52,42 @@ def read_counts(n_layer: int, n_expert: int) -> np.ndarray:
     return out
 
 
+def _prefetch_function(name: str):
+    for path in mapped_cpu_backends():
+        try:
+            return getattr(ctypes.CDLL(path), name)
+        except AttributeError:
+            continue
+    raise ExpertUsageUnavailable("no deepseek-cpu engine with expert prefetch is loaded in this process")
+
+
+def set_expert_prefetch(level: int) -> int:
+    """How far the engine reads routed experts ahead, for this process (dsc/expert-prefetch.c):
+    0 not at all, 1 each layer's chosen experts as soon as its router chose, 2 also the experts
+    the next layer's router is predicted to choose. Returns the previous level."""
+    fn = _prefetch_function("ggml_dsc_expert_prefetch_set")
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    return int(fn(int(level)))
+
+
+def forget_expert_addresses() -> None:
+    """Make the engine's read-ahead forget the weight addresses it learnt: before the model they
+    belong to is freed (pre-gating reads the next layer's router from them)."""
+    fn = _prefetch_function("ggml_dsc_expert_prefetch_forget")
+    fn.restype, fn.argtypes = None, []
+    fn()
+
+
+def expert_prefetch_stats(reset: bool = False) -> dict:
+    """Pre-gating so far: experts predicted, how many of them the router then chose, and how many
+    it chose in the layers that had a prediction (hit rate = chosen_predicted / chosen)."""
+    fn = _prefetch_function("ggml_dsc_expert_prefetch_stats")
+    fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    out = (ctypes.c_uint64 * 3)()
+    fn(out, int(reset))
+    return {"predicted": out[0], "chosen_predicted": out[1], "chosen": out[2]}
+
+
 def reset_expert_usage() -> None:
     """Set every counter of this process to zero."""
     _, reset = _functions()

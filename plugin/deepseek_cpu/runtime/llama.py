@@ -160,12 +160,15 @@ class Llama(llama_cpp.Llama):
             super().__init__(model_path, *args, **kwargs)
         else:
             self.memory_plan = budget
-            # the engine reads the chosen experts' pages ahead as soon as each layer's router has
-            # chosen (dsc/expert-usage.c); read once, at the first graph
-            os.environ.setdefault("DEEPSEEK_CPU_EXPERT_PREFETCH", "0" if prefetch == "none" else "1")
-            from . import model_params
+            from . import experts, model_params
             with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern):
                 super().__init__(model_path, *args, **kwargs)
+            experts.forget_expert_addresses()  # another model's, possibly freed
+            # the engine reads the chosen experts' pages ahead as soon as each layer's router has
+            # chosen, and the next layer's predicted ones (dsc/expert-prefetch.c): for this process,
+            # unless DEEPSEEK_CPU_EXPERT_PREFETCH says otherwise
+            if not os.environ.get("DEEPSEEK_CPU_EXPERT_PREFETCH"):
+                experts.set_expert_prefetch(0 if prefetch == "none" else memory_budget.EXPERT_PREFETCH_LEVEL)
             self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))
 
     def create_completion(self, *args, **kwargs):
@@ -195,7 +198,8 @@ class Llama(llama_cpp.Llama):
 
     def close(self):
         """llama_cpp.Llama.close; under a budget, first adds this run's routings to the model's
-        statistics (once)."""
+        statistics (once); for any model, makes the engine's read-ahead forget the addresses it learnt
+        (they point into this model)."""
         if getattr(self, "memory_layout", None) is not None and not getattr(self, "_usage_saved", False):
             self._usage_saved = True
             try:
@@ -203,6 +207,12 @@ class Llama(llama_cpp.Llama):
             except Exception as e:  # statistics are a hint: never fail a close over them
                 import warnings
                 warnings.warn(f"could not save expert statistics: {e}", stacklevel=2)
+        if getattr(self, "_model", None) is not None:  # any model: the read-ahead may have learnt it
+            try:
+                from . import experts
+                experts.forget_expert_addresses()
+            except Exception:  # another engine (stock, in a benchmark), or the interpreter exiting
+                pass
         super().close()
 
     def save_expert_usage(self):

@@ -25,6 +25,9 @@ from ..errors import DeepseekCpuError
 
 # the routed experts' stacked tensors; kept file-backed under a budget
 EXPERT_TENSORS = re.compile(r"\.ffn_(gate|up|down)_exps\.weight$")
+# the engine's read-ahead under a budget (dsc/expert-prefetch.c): 2 = each layer's chosen experts and
+# the next layer's predicted ones
+EXPERT_PREFETCH_LEVEL = 2
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

@@ -17,7 +17,7 @@ model's sidecar, written at the end of each budgeted run), as many as the budget
 for; with no statistics yet, nothing. `pinned` locks the most popular half of those instead of
 reading them ahead. `none` does nothing (the page cache alone). Whatever the policy, the engine
 reads each layer's chosen experts ahead as soon as its router has chosen them
-(DEEPSEEK_CPU_EXPERT_PREFETCH, dsc/expert-usage.c).
+and, a layer early, the next layer's predicted ones (DEEPSEEK_CPU_EXPERT_PREFETCH, dsc/expert-prefetch.c).
 
 Statistics persist per model in a small JSON sidecar under the cache root (experts/<model id>.json,
 the id from the file's size and tensor table), so the next start warms the right experts first. A

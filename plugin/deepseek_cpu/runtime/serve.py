@@ -229,7 +229,8 @@ def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> di
         placement, name = prefetch.plan_policy(policy, layout, plan)
         n = prefetch.advise_file(layout, placement)
         click.echo(f"deepseek-cpu serve: {plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead", err=True)
-    return {**memory_budget.server_env(), "DEEPSEEK_CPU_EXPERT_PREFETCH": "0" if policy == "none" else "1"}
+    level = 0 if policy == "none" else memory_budget.EXPERT_PREFETCH_LEVEL
+    return {**memory_budget.server_env(), "DEEPSEEK_CPU_EXPERT_PREFETCH": str(level)}
 
 
 @hookimpl

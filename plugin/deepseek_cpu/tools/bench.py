@@ -197,6 +197,10 @@ def child_run(spec: dict) -> dict:
             out["experts_unused"] = int(usage.unused().sum())
         except Exception:  # a dense model, or an engine without the counters
             pass
+        if getattr(llm, "memory_plan", None) is not None:  # under a budget: how well pre-gating predicted
+            from ..runtime.experts import expert_prefetch_stats
+            st = expert_prefetch_stats()
+            out["pregate_hit_rate"] = st["chosen_predicted"] / st["chosen"] if st["chosen"] else None
     # what ran
     lib = lcl._lib
     try:
@@ -276,7 +280,8 @@ def run_once(engine: str, lib: Path, spec: dict, timeout: float, cgroup: str | N
         try:
             def join():  # in the child, before exec
                 Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
-            p = subprocess.run([sys.executable, "-m", "deepseek_cpu.tools.bench", "--child", sp], env=_child_env(lib),
+            p = subprocess.run([sys.executable, "-m", "deepseek_cpu.tools.bench", "--child", sp],
+                               env={**_child_env(lib), **spec.get("env", {})},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
                                preexec_fn=join if cgroup else None)
         except subprocess.TimeoutExpired:

@@ -24,6 +24,12 @@
 //                              (src/llama-context.cpp)                                     default off
 //   DEEPSEEK_CPU_AMX=0         prompt products on AVX-512 VNNI instead of AMX tiles
 //                              (ggml/src/ggml-cpu/dsc/amx-gemm.cpp)           default on where AMX runs
+//   DEEPSEEK_CPU_EXPERT_PREFETCH=1|2  read each layer's chosen experts ahead (madvise WILLNEED), and (2)
+//                              the next layer's predicted ones, for weights used from the file mapping
+//                              (ggml/src/ggml-cpu/dsc/expert-prefetch.c; also ggml_dsc_expert_prefetch_set)
+//                                                                                          default off
+//   DEEPSEEK_CPU_MAPPED=REGEX  weights kept in the file mapping, not copied (src/dsc/loader-mapped.cpp,
+//                              read at each load)                                       default unset
 
 // ---- decode GEMVs (one token) ----
 // Rows (for repacked weights, 8-column groups) one decode GEMV reads at once, one from each of
@@ -105,6 +111,13 @@
 #endif
 #ifndef DSC_FA_KT
 #define DSC_FA_KT 64
+#endif
+
+// ---- expert read-ahead under a memory budget (dsc/expert-prefetch.c) ----
+// Tokens of a batch whose next-layer experts are predicted (pre-gating), evenly spaced: a prompt's
+// batch chooses most experts of a layer anyway, and thread 0 scores the tokens alone.
+#ifndef DSC_PREGATE_TOKENS
+#define DSC_PREGATE_TOKENS 16
 #endif
 
 // ---- profiling ----

@@ -13,10 +13,6 @@ struct ggml_tensor;
 // count the experts a MUL_MAT_ID node selected (thread 0, after the node ran)
 void ggml_dsc_expert_usage_count(const struct ggml_tensor * node);
 
-// DEEPSEEK_CPU_EXPERT_PREFETCH=1: after a layer's router chose, read the chosen experts' weight slices
-// ahead (madvise WILLNEED; thread 0, after the node ran)
-void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node);
-
 // exported for the Python package: counts[layer][expert] into out (n_layer x n_expert, row-major),
 // and clearing them
 __attribute__((visibility("default"))) int  ggml_dsc_expert_usage(uint64_t * out, int n_layer, int n_expert);

@@ -5,6 +5,7 @@
 #include "dsc/dsc-tuning.h"
 #include "dsc/op-profile.h"
 #include "dsc/expert-usage.h"
+#include "dsc/expert-prefetch.h"
 
 #include <inttypes.h>
 #include <stdio.h>

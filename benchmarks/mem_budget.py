@@ -13,8 +13,8 @@ llama-cli): greedy decoding of random weights repeats one token, and so one set 
     python benchmarks/mem_budget.py MODEL.gguf --fractions 0.7 0.45 --rounds 2 --ik IK/build/bin --json out.json
 
 Configurations (--configs): stock (default), stock-mapped (use_extra_bufts off), ours (default),
-ours-budget-none (mem_budget, no prefetch), ours-budget-chosen (mem_budget, the chosen experts read
-ahead but no pre-gating), ours-budget-pinned and ours-budget (mem_budget, the built-in policies; budgeted runs add their routings to the model's statistics, which later runs
+ours-budget-none (mem_budget, no prefetch), ours-budget-pregate (mem_budget, also the next layer's
+predicted experts read ahead: DEEPSEEK_CPU_EXPERT_PREFETCH=2), ours-budget-pinned and ours-budget (mem_budget, the built-in policies; budgeted runs add their routings to the model's statistics, which later runs
 use: the benchmark starts them empty, and each round has its own tokens), ik-mapped, ik-prefetch.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from deepseek_cpu.tools import bench, stock
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 SLACK = 512 << 20  # what the process needs beside the model's plan: Python, compute buffers
-CONFIGS = ("stock", "stock-mapped", "ours", "ours-budget-none", "ours-budget-chosen", "ours-budget-pinned",
+CONFIGS = ("stock", "stock-mapped", "ours", "ours-budget-none", "ours-budget-pregate", "ours-budget-pinned",
            "ours-budget", "ik-mapped", "ik-prefetch")
 IK_TIMES = re.compile(r"(prompt eval|eval|total) time =\s*([0-9.]+) ms(?: /\s*(\d+) (?:tokens|runs))?")
 
@@ -98,8 +98,8 @@ def spec_for(config: str, model: str, limit: int, args, seed: int) -> tuple[str,
     if config.startswith("ours-budget"):
         spec["opts"]["mem_budget"] = limit - SLACK if limit > 0 else os.path.getsize(model)
         spec["opts"]["prefetch"] = {"ours-budget-none": "none", "ours-budget-pinned": "pinned"}.get(config, "popular")
-    if config == "ours-budget-chosen":  # the chosen experts read ahead, not the next layer's predicted ones
-        spec["env"] = {"DEEPSEEK_CPU_EXPERT_PREFETCH": "1"}
+    if config == "ours-budget-pregate":  # the chosen experts and the next layer's predicted ones read ahead
+        spec["env"] = {"DEEPSEEK_CPU_EXPERT_PREFETCH": "2"}
     return config.split("-")[0], spec
 
 

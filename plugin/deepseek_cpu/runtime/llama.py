@@ -187,6 +187,7 @@ class Llama(llama_cpp.Llama):
         import weakref
         from . import prefetch
         self.memory_layout = prefetch.layout(model_path)
+        prefetch.register_experts(self.memory_layout, budget.experts_per_token)
         self.memory_placement, self.memory_applied, name = prefetch.run_policy(policy, self.memory_layout, budget)
         if verbose:
             import sys

@@ -25,9 +25,11 @@ from ..errors import DeepseekCpuError
 
 # the routed experts' stacked tensors; kept file-backed under a budget
 EXPERT_TENSORS = re.compile(r"\.ffn_(gate|up|down)_exps\.weight$")
-# the engine's read-ahead under a budget (dsc/expert-prefetch.c): 2 = each layer's chosen experts and
-# the next layer's predicted ones
-EXPERT_PREFETCH_LEVEL = 2
+# the engine's read-ahead under a budget (dsc/expert-prefetch.c): 1 = each layer's chosen experts as
+# soon as its router chose. Level 2 adds the next layer's predicted ones (pre-gating): on V2-Lite
+# Q4_0 under a memory limit it predicted 80% of the experts, but the other 20% cost more disk reads
+# than the head start gained (decode 0.81-0.90x of level 1; docs/benchmarks.md), so it is opt-in.
+EXPERT_PREFETCH_LEVEL = 1
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -60,6 +62,7 @@ class BudgetPlan:
     hot_weights: int    # bytes of the tensors every token uses
     expert_weights: int  # bytes of the routed experts
     kv_cache: int       # bytes of the KV cache at the planned n_ctx
+    experts_per_token: int = 0  # routed experts each token uses (the GGUF's expert_used_count)
 
     @property
     def hot(self) -> int:
@@ -77,15 +80,18 @@ class BudgetPlan:
                 f"{share:.0%} of them fit the page cache")
 
 
-def tensor_bytes(model_path: str | Path) -> tuple[int, int]:
-    """(always-hot bytes, routed-expert bytes) of a GGUF's tensors."""
+def _header(model_path: str | Path):
     from ..gguf_header import read
     try:
-        h = read(model_path)
+        return read(model_path)
     except (OSError, ValueError) as e:
         raise MemoryBudgetError(f"{model_path}: not a readable GGUF ({e})") from None
+
+
+def tensor_bytes(model_path: str | Path, header=None) -> tuple[int, int]:
+    """(always-hot bytes, routed-expert bytes) of a GGUF's tensors."""
     hot = experts = 0
-    for t in h.tensors:
+    for t in (header or _header(model_path)).tensors:
         if EXPERT_TENSORS.search(t.name):
             experts += t.nbytes
         else:
@@ -95,8 +101,11 @@ def tensor_bytes(model_path: str | Path) -> tuple[int, int]:
 
 def plan(model_path: str | Path, budget: int, kv_cache: int) -> BudgetPlan:
     """Check that `budget` holds the always-hot set; raises MemoryBudgetError naming both sizes."""
-    hot, experts = tensor_bytes(model_path)
-    p = BudgetPlan(budget, hot, experts, kv_cache)
+    import gguf
+    h = _header(model_path)
+    hot, experts = tensor_bytes(model_path, h)
+    k = h.get(gguf.Keys.LLM.EXPERT_USED_COUNT.format(arch=h.arch), 0)
+    p = BudgetPlan(budget, hot, experts, kv_cache, int(k) if isinstance(k, int) else 0)
     if p.hot > budget:
         raise MemoryBudgetError(
             f"memory budget {gib(budget)} is smaller than the always-hot set of {model_path}: {gib(p.hot)} "

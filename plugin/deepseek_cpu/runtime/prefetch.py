@@ -15,9 +15,9 @@ Ranges outside the mapped expert tensors are ignored: the engine holds those in 
 Built in: `popular` (the default) reads ahead the experts in order of measured popularity (this
 model's sidecar, written at the end of each budgeted run), as many as the budget leaves room
 for; with no statistics yet, nothing. `pinned` locks the most popular half of those instead of
-reading them ahead. `none` does nothing (the page cache alone). Whatever the policy, the engine
-reads each layer's chosen experts ahead as soon as its router has chosen them
-and, a layer early, the next layer's predicted ones (DEEPSEEK_CPU_EXPERT_PREFETCH, dsc/expert-prefetch.c).
+reading them ahead. `none` does nothing, and turns off the engine's read-ahead too (the page cache
+alone). Otherwise the engine reads each layer's chosen experts ahead as soon as its router has
+chosen them (DEEPSEEK_CPU_EXPERT_PREFETCH, dsc/expert-prefetch.c).
 
 Statistics persist per model in a small JSON sidecar under the cache root (experts/<model id>.json,
 the id from the file's size and tensor table), so the next start warms the right experts first. A
@@ -74,10 +74,6 @@ class ModelLayout:
     model_id: str
 
     @property
-    def hot_tensors(self) -> list[TensorInfo]:
-        return [t for t in self.tensors if not t.n_expert]
-
-    @property
     def expert_tensors(self) -> list[TensorInfo]:
         return [t for t in self.tensors if t.n_expert]
 
@@ -88,6 +84,7 @@ class Placement:
     warm: list[Range] = field(default_factory=list)
 
     def bytes(self, which: str) -> int:
+        """Bytes of the `hot` or the `warm` ranges."""
         return sum(r.length for r in getattr(self, which))
 
 
@@ -269,6 +266,32 @@ def apply(model: ModelLayout, placement: Placement) -> Applied:
         if span is not None and libc.madvise(span[0], span[1], MADV_WILLNEED) == 0:
             done.warmed += span[1]
     return done
+
+
+EXPERT_SLOTS = {"gate": 0, "up": 1, "down": 2}  # dsc/expert-prefetch.c's order
+
+
+def register_experts(model: ModelLayout, experts_per_token: int) -> int:
+    """Tell the engine where each routed-expert tensor lies in this process's mapping of the file,
+    so that its read-ahead works from the first graph (it would otherwise learn each layer's
+    addresses only after that layer's router had chosen). Returns the tensors registered."""
+    from .experts import _prefetch_function
+    mapping = file_mapping(model.path)
+    if mapping is None:
+        return 0
+    fn = _prefetch_function("ggml_dsc_expert_prefetch_weights")
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64]
+    lo, hi, file_off = mapping
+    n = 0
+    for t in model.expert_tensors:
+        m = EXPERT_TENSORS.search(t.name)
+        addr = lo + (t.offset - file_off)
+        if t.layer is None or addr < lo or addr + t.nbytes > hi:
+            continue
+        fn(t.layer, EXPERT_SLOTS[m.group(1)], addr, t.nbytes // t.n_expert, t.n_expert, experts_per_token)
+        n += 1
+    return n
 
 
 def advise_file(model: ModelLayout, placement: Placement) -> int:

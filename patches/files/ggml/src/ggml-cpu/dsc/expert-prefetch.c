@@ -16,7 +16,9 @@
 // DSC_PREGATE_TOKENS tokens (dsc-tuning.h), evenly spaced, to bound thread 0's work.
 //
 // Addresses are learnt from the nodes the first time they run (weights do not move): the expert
-// weights from each layer's MUL_MAT_ID, the router from "ffn_moe_logits-N" (an f32 MUL_MAT). Pre-gating
+// weights from each layer's MUL_MAT_ID, the router from "ffn_moe_logits-N" (an f32 MUL_MAT). A layer's
+// MUL_MAT_ID runs after its router, so the first graph (a cold prompt) would read nothing ahead: the
+// Python package registers the expert weights at load (ggml_dsc_expert_prefetch_weights). Pre-gating
 // reads the next layer's router as learnt from an earlier graph: when a model is freed, its addresses
 // must be forgotten first (ggml_dsc_expert_prefetch_forget; deepseek_cpu.Llama does it at load and
 // close), since they would point into freed memory; the chosen experts' read-ahead only passes
@@ -82,6 +84,15 @@ void ggml_dsc_expert_prefetch_forget(void) {
     memset(dsc_pf_input, 0, sizeof(dsc_pf_input));
     memset(dsc_pf_k, 0, sizeof(dsc_pf_k));
     memset(dsc_pf_has_prediction, 0, sizeof(dsc_pf_has_prediction));
+}
+
+void ggml_dsc_expert_prefetch_weights(int layer, int slot, const void * data, size_t expert_bytes, int64_t n_expert,
+                                      int64_t k) {
+    if (layer < 0 || layer >= DSC_PF_LAYERS || slot < 0 || slot >= DSC_PF_WEIGHTS || n_expert <= 0 || k <= 0) {
+        return;
+    }
+    dsc_pf[layer][slot] = (struct dsc_pf_weight) { (const char *) data, expert_bytes, n_expert };
+    dsc_pf_k[layer]     = k;
 }
 
 int ggml_dsc_expert_prefetch_set(int level) {
@@ -234,10 +245,13 @@ void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node) {
         const char * col = (const char *) node->data + t*node->nb[1];
         for (int64_t k = 0; k < k_used; k++) {
             const int32_t e = *(const int32_t *) (col + k*node->nb[0]);
-            if (e < 0 || e >= DSC_PF_EXPERTS || seen[e]) {
-                continue;
+            if (e >= 0 && e < DSC_PF_EXPERTS) {
+                seen[e] = 1;
             }
-            seen[e] = 1;
+        }
+    }
+    for (int32_t e = 0; e < DSC_PF_EXPERTS; e++) {
+        if (seen[e]) {
             dsc_pf_read_expert(layer, e);
         }
     }

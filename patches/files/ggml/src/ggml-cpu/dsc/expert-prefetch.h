@@ -19,6 +19,11 @@ void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node);
 // exported for the Python package. level: 0 off, 1 the chosen experts, 2 also the predicted ones of the
 // next layer; returns the previous level. Starts at DEEPSEEK_CPU_EXPERT_PREFETCH (default 0).
 __attribute__((visibility("default"))) int ggml_dsc_expert_prefetch_set(int level);
+// where layer `layer`'s routed experts of `slot` (0 gate, 1 up, 2 down) lie: n_expert slices of
+// expert_bytes from data, k chosen per token (so the first graph can read them ahead too)
+__attribute__((visibility("default"))) void ggml_dsc_expert_prefetch_weights(int layer, int slot, const void * data,
+                                                                            size_t expert_bytes, int64_t n_expert,
+                                                                            int64_t k);
 // forget every weight address learnt so far: call before a model whose addresses were learnt is freed
 __attribute__((visibility("default"))) void ggml_dsc_expert_prefetch_forget(void);
 // out[0] experts predicted for a layer, out[1] of them chosen by its router, out[2] experts chosen in

@@ -156,7 +156,9 @@ def main(argv=None) -> int:
                              f"{r['tg_read_bytes_per_token'] / 2**20:.0f} MiB per token" if "tg_read_bytes_per_token" in r
                              else "")
                           + (f"; pre-gating hit rate {r['pregate_hit_rate']:.0%}" if r.get("pregate_hit_rate") is not None
-                             else ""), flush=True)
+                             else "")
+                          + (f"; routing seen: top 10% of experts took {r['experts_top10pct_share']:.0%}"
+                             if r.get("experts_top10pct_share") is not None else ""), flush=True)
                 else:
                     print(f"{frac:.2f}x {config:17s} round {rnd}: {r.get('error')}", flush=True)
         Path(cg).rmdir() if not Path(cg, "tasks").read_text().strip() else None

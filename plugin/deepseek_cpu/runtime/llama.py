@@ -165,8 +165,8 @@ class Llama(llama_cpp.Llama):
                 super().__init__(model_path, *args, **kwargs)
             experts.forget_expert_addresses()  # another model's, possibly freed
             # the engine reads the chosen experts' pages ahead as soon as each layer's router has
-            # chosen, and the next layer's predicted ones (dsc/expert-prefetch.c): for this process,
-            # unless DEEPSEEK_CPU_EXPERT_PREFETCH says otherwise
+            # chosen (dsc/expert-prefetch.c): for this process, unless DEEPSEEK_CPU_EXPERT_PREFETCH
+            # says otherwise
             if not os.environ.get("DEEPSEEK_CPU_EXPERT_PREFETCH"):
                 experts.set_expert_prefetch(0 if prefetch == "none" else memory_budget.EXPERT_PREFETCH_LEVEL)
             self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))

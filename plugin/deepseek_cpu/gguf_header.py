@@ -16,6 +16,8 @@ from pathlib import Path
 
 import gguf
 
+from .errors import DeepseekCpuError
+
 _SCALAR = {  # GGUFValueType -> struct format
     gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
     gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
@@ -26,7 +28,7 @@ _SCALAR = {  # GGUFValueType -> struct format
 }
 
 
-class GGUFHeaderError(ValueError):
+class GGUFHeaderError(DeepseekCpuError, ValueError):
     """Not a GGUF file, or its header is cut short or inconsistent."""
 
 

@@ -236,8 +236,15 @@ class Applied:
 
 def _within_experts(model: ModelLayout, ranges: list[Range]) -> list[Range]:
     """The ranges inside the routed-expert tensors (the only ones used from the mapping)."""
-    spans = [(t.offset, t.offset + t.nbytes) for t in model.expert_tensors]
-    return [r for r in ranges if any(a <= r.offset and r.offset + r.length <= b for a, b in spans)]
+    import bisect
+    spans = sorted((t.offset, t.offset + t.nbytes) for t in model.expert_tensors)  # disjoint, as in the file
+    starts = [a for a, _ in spans]
+    out = []
+    for r in ranges:  # the span starting at or before the range must hold all of it
+        i = bisect.bisect_right(starts, r.offset) - 1
+        if i >= 0 and r.offset + r.length <= spans[i][1]:
+            out.append(r)
+    return out
 
 
 def apply(model: ModelLayout, placement: Placement) -> Applied:

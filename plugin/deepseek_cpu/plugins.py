@@ -19,7 +19,7 @@ DEFAULT_PLUGINS = (
     "deepseek_cpu.hub.command",
     "deepseek_cpu.tools.synth",
     "deepseek_cpu.tools.bench",
-    "deepseek_cpu.runtime.serve", "deepseek_cpu.runtime.chat", "deepseek_cpu.runtime.experts",
+    "deepseek_cpu.runtime.serve", "deepseek_cpu.runtime.rpc_worker", "deepseek_cpu.runtime.chat", "deepseek_cpu.runtime.experts",
     "deepseek_cpu.runtime.prefetch",
 )
 

@@ -135,12 +135,30 @@ class Llama(llama_cpp.Llama):
     __doc__ = (llama_cpp.Llama.__doc__ or "") + "\n\n" + (__doc__ or "")
 
     def __init__(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
-                 **kwargs):
+                 rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None, **kwargs):
         """mem_budget: run within this much memory ("4G"): the routed experts are used from the
         file mapping instead of being copied, what every token reads is copied as usual, and a
         prefetch policy (`prefetch`, default "popular") reads the popular experts ahead
         (runtime/memory_budget.py, runtime/prefetch.py). None: everything copied into memory
-        (fastest when the model fits)."""
+        (fastest when the model fits).
+
+        rpc_servers: "host:port,..." of `deepseek-cpu rpc-worker`s: the layers are split over
+        them by the memory each offers (rpc_local: how much this process takes, default none
+        but the embeddings), printed, and computed there (runtime/rpc.py). A worker lost while
+        the model runs raises RpcWorkerLost within DEEPSEEK_CPU_RPC_TIMEOUT seconds."""
+        if rpc_servers is not None:
+            if mem_budget is not None:
+                from .rpc import RpcError
+                raise RpcError("rpc_servers and mem_budget cannot be combined (the workers hold the layers in memory)")
+            from . import rpc
+            if not args:
+                kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}), **kwargs}
+            self.rpc_split, params, keep = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True))
+            self._rpc_losses = rpc.losses()[0]
+            with params:
+                super().__init__(model_path, *args, **kwargs)
+            del keep  # the device array is copied into the model at load
+            return
         budget = None
         if mem_budget is not None:
             from . import memory_budget
@@ -170,6 +188,19 @@ class Llama(llama_cpp.Llama):
             if not os.environ.get("DEEPSEEK_CPU_EXPERT_PREFETCH"):
                 experts.set_expert_prefetch(0 if prefetch == "none" else memory_budget.EXPERT_PREFETCH_LEVEL)
             self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))
+
+    def eval(self, tokens):
+        """llama_cpp.Llama.eval; over RPC workers, a lost worker is an RpcWorkerLost, not garbage
+        or a bare `llama_decode returned -3`."""
+        if getattr(self, "rpc_split", None) is None:
+            return super().eval(tokens)
+        from . import rpc
+        try:
+            super().eval(tokens)
+        except RuntimeError:
+            rpc.check(self._rpc_losses)
+            raise
+        rpc.check(self._rpc_losses)
 
     def create_completion(self, *args, **kwargs):
         """llama_cpp.Llama.create_completion; reaching n_ctx ends with finish_reason="length"."""

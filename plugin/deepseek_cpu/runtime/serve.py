@@ -122,7 +122,20 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
 
 def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
-               env_extra: dict[str, str] | None = None, cpus: set[int] | None = None) -> int:
+               env_extra: dict[str, str] | None = None, cpus: set[int] | None = None,
+               workers: list[str] | None = None) -> int:
+    """Run llama-server until it exits; with RPC workers, a server that exits because a worker was
+    lost is replaced by a 503 answer on the same port until every worker answers again, then
+    started again (runtime/rpc_serve.py)."""
+    if not workers:
+        return _run_once(cmd, host, port, ready_timeout, env_extra, cpus)
+    from . import rpc_serve
+    return rpc_serve.run_supervised(lambda: _run_once(cmd, host, port, ready_timeout, env_extra, cpus),
+                                    host, port, workers)
+
+
+def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
+              env_extra: dict[str, str] | None = None, cpus: set[int] | None = None) -> int:
     env = {**os.environ, **(env_extra or {})}
     # the libraries the binary was built with lie next to it (libllama, libggml*, libmtmd)
     libs = str(Path(cmd[0]).resolve().parent)
@@ -187,10 +200,14 @@ def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.
               help="Run within SIZE of memory (e.g. 4G): the routed experts used from the file mapping, not copied.")
 @click.option("--prefetch", default=None, metavar="POLICY",
               help="Prefetch policy under --mem-budget (default: popular); the server's pages are read ahead, not locked.")
+@click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT,...",
+              help="Split the layers over these `deepseek-cpu rpc-worker`s, by the memory each offers.")
+@click.option("--rpc-local", default=None, metavar="SIZE",
+              help="With --rpc: memory this host gives to layers (default: none but the embeddings).")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-          dry_run, extra):
+          rpc_servers, rpc_local, dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
@@ -207,12 +224,22 @@ def serve(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_b
                                      f"(allowed: {sorted(allowed)})", param_hint="--cpus")
         threads = threads or default_threads(cpu_set)
     env = budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run) if mem_budget else {}
+    workers = None
+    if rpc_servers:
+        from . import rpc_serve
+        if mem_budget:
+            raise click.UsageError("--rpc and --mem-budget cannot be combined (the workers hold the layers in memory)")
+        # the KV cache lives on the workers: this host's memory does not bound the context
+        ctx_per_slot = ctx_per_slot or rpc_serve.default_ctx_per_slot(model)
+        workers, rpc_args, rpc_env = rpc_serve.server_args(model, rpc_servers, rpc_local, ctx_per_slot * parallel)
+        extra = (*rpc_args, *extra)
+        env.update(rpc_env)
     cmd = build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra)
     if dry_run:
         pin = ["taskset", "-c", cpus] if cpu_set else []
         click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))
         return
-    sys.exit(run_server(cmd, host, port, ready_timeout, env, cpu_set))
+    sys.exit(run_server(cmd, host, port, ready_timeout, env, cpu_set, workers))
 
 
 def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> dict[str, str]:

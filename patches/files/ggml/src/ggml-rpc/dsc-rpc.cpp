@@ -1,0 +1,238 @@
+// deepseek-cpu: the RPC backend's timeouts, lost-worker state, worker memory limit, weight cache
+// and request checks (dsc-rpc.h says why each exists).
+
+#include "dsc-rpc.h"
+
+#include "ggml-impl.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <unordered_map>
+
+#ifndef _WIN32
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#endif
+
+static long env_long(const char * name, long fallback) {
+    const char * v = std::getenv(name);
+    if (!v || !*v) {
+        return fallback;
+    }
+    char * end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    return (end && *end == '\0' && x > 0) ? x : fallback;
+}
+
+int dsc_rpc_timeout_s(void) {
+    static const int t = (int) env_long("DEEPSEEK_CPU_RPC_TIMEOUT", 15);
+    return t;
+}
+
+#ifndef _WIN32
+static void set_timeval_opt(int fd, int opt, int seconds) {
+    struct timeval tv = { seconds, 0 };
+    setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv));
+}
+#endif
+
+void dsc_rpc_tune_socket(int fd) {
+#ifndef _WIN32
+    const int t = dsc_rpc_timeout_s();
+    // idle t/3, then 3 probes t/6 apart: a silent peer is noticed within ~5t/6
+    int on = 1, idle = t / 3 > 0 ? t / 3 : 1, intvl = t / 6 > 0 ? t / 6 : 1, cnt = 3;
+    unsigned int user_timeout_ms = (unsigned int) t * 1000u;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+#else
+    GGML_UNUSED(fd);
+#endif
+}
+
+void dsc_rpc_handshake_timeout(int fd, bool on) {
+#ifndef _WIN32
+    set_timeval_opt(fd, SO_RCVTIMEO, on ? dsc_rpc_timeout_s() : 0);
+#else
+    GGML_UNUSED(fd); GGML_UNUSED(on);
+#endif
+}
+
+void dsc_rpc_connect_timeout(int fd, bool on) {
+#ifndef _WIN32
+    // on Linux SO_SNDTIMEO also bounds connect(); cleared afterwards so that a large upload to a
+    // worker that is briefly busy is not cut (keepalive and TCP_USER_TIMEOUT still apply)
+    set_timeval_opt(fd, SO_SNDTIMEO, on ? dsc_rpc_timeout_s() : 0);
+#else
+    GGML_UNUSED(fd); GGML_UNUSED(on);
+#endif
+}
+
+// ---- client: lost workers ----
+
+static std::mutex  g_lost_mutex;
+static std::string g_lost_message;  // the latest loss
+static size_t      g_lost_count = 0;
+
+void dsc_rpc_worker_lost(const std::string & endpoint, const char * what) {
+    {
+        std::lock_guard<std::mutex> lock(g_lost_mutex);
+        g_lost_message = "RPC worker " + endpoint + " lost: " + what;
+        g_lost_count++;
+    }
+    GGML_LOG_ERROR("deepseek-cpu: RPC worker %s lost: %s\n", endpoint.c_str(), what);
+    const long code = env_long("DEEPSEEK_CPU_RPC_LOST_EXIT", 0);
+    if (code > 0) {
+        fflush(stdout);
+        fflush(stderr);
+        _exit((int) code);
+    }
+}
+
+size_t ggml_dsc_rpc_lost(char * buf, size_t size) {
+    std::lock_guard<std::mutex> lock(g_lost_mutex);
+    if (buf && size > 0) {
+        snprintf(buf, size, "%s", g_lost_message.c_str());
+    }
+    return g_lost_count;
+}
+
+// ---- worker: memory limit ----
+
+static std::mutex                                  g_mem_mutex;
+static size_t                                      g_mem_used = 0;
+static std::unordered_map<const void *, size_t>    g_mem_buffers;
+
+static size_t mem_limit(void) {
+    static const size_t limit = (size_t) env_long("DEEPSEEK_CPU_RPC_MEM", 0);
+    return limit;
+}
+
+bool dsc_rpc_mem_reserve(size_t size) {
+    const size_t limit = mem_limit();
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (limit && (size > limit || g_mem_used > limit - size)) {
+        GGML_LOG_ERROR("deepseek-cpu: refused a %.1f MiB buffer: %.1f of the worker's %.1f MiB (--mem) are in use\n",
+                       size / 1048576.0, g_mem_used / 1048576.0, limit / 1048576.0);
+        return false;
+    }
+    g_mem_used += size;
+    return true;
+}
+
+void dsc_rpc_mem_commit(const void * buffer, size_t size) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_mem_buffers[buffer] = size;
+}
+
+void dsc_rpc_mem_unreserve(size_t size) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_mem_used -= size;
+}
+
+void dsc_rpc_mem_release(const void * buffer) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_mem_buffers.find(buffer);
+    if (it != g_mem_buffers.end()) {
+        g_mem_used -= it->second;
+        g_mem_buffers.erase(it);
+    }
+}
+
+bool dsc_rpc_mem_report(size_t * free, size_t * total) {
+    const size_t limit = mem_limit();
+    if (!limit) {
+        return false;
+    }
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    *total = limit;
+    *free  = limit - g_mem_used;
+    return true;
+}
+
+// ---- worker: weight cache ----
+
+namespace fs = std::filesystem;
+
+static fs::path cache_path(const char * dir, uint64_t hash) {
+    char name[17];
+    snprintf(name, sizeof(name), "%016" PRIx64, hash);
+    return fs::path(dir) / name;
+}
+
+bool dsc_rpc_cache_read(const char * dir, uint64_t hash, dsc_rpc_hash_fn fnv, std::vector<uint8_t> & data) {
+    if (!dir) {
+        return false;
+    }
+    const fs::path path = cache_path(dir, hash);
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) {
+        return false;
+    }
+    std::ifstream in(path, std::ios::binary);
+    try {
+        data.resize((size_t) size);
+    } catch (const std::bad_alloc &) {
+        return false;
+    }
+    if (!in.read((char *) data.data(), (std::streamsize) size) || fnv(data.data(), data.size(), 0xcbf29ce484222325ULL) != hash) {
+        GGML_LOG_WARN("deepseek-cpu: cache entry %s is damaged; removed (the client sends the weights again)\n", path.string().c_str());
+        fs::remove(path, ec);
+        data.clear();
+        return false;
+    }
+    return true;
+}
+
+void dsc_rpc_cache_write(const char * dir, uint64_t hash, const void * data, size_t size) {
+    const fs::path path = cache_path(dir, hash);
+    fs::path tmp = path;
+    tmp += ".tmp" + std::to_string((long) getpid());
+    std::error_code ec;
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        if (!out.write((const char *) data, (std::streamsize) size) || !out.flush()) {
+            out.close();
+            fs::remove(tmp, ec);
+            GGML_LOG_WARN("deepseek-cpu: could not write cache entry %s (disk full?); not cached\n", path.string().c_str());
+            return;
+        }
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        fs::remove(tmp, ec);
+    }
+}
+
+// ---- worker: request checks ----
+
+bool dsc_rpc_node_ok(const ggml_tensor * node) {
+    if (node->op < 0 || node->op >= GGML_OP_COUNT) {
+        return false;
+    }
+    if (node->op == GGML_OP_UNARY && ((int) ggml_get_unary_op(node) < 0 || ggml_get_unary_op(node) >= GGML_UNARY_OP_COUNT)) {
+        return false;
+    }
+    if (node->op != GGML_OP_NONE && node->data == nullptr && ggml_nelements(node) > 0) {
+        return false;  // an unallocated result: the kernel would write through NULL
+    }
+    for (int i = 0; i < GGML_MAX_SRC; i++) {
+        if (node->src[i] && node->src[i]->data == nullptr && ggml_nelements(node->src[i]) > 0) {
+            return false;
+        }
+    }
+    return true;
+}

@@ -174,12 +174,14 @@ class Llama(llama_cpp.Llama):
             budget = memory_budget.plan(model_path, size, (shape.kv_bytes_per_token if shape else 0) * n_ctx)
         if not args:
             kwargs = {**cpu_defaults(model_path, kwargs), **kwargs}
+        from .rpc import local_only
         if budget is None:
-            super().__init__(model_path, *args, **kwargs)
+            with local_only():
+                super().__init__(model_path, *args, **kwargs)
         else:
             self.memory_plan = budget
             from . import experts, model_params
-            with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern):
+            with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern), local_only():
                 super().__init__(model_path, *args, **kwargs)
             experts.forget_expert_addresses()  # another model's, possibly freed
             # the engine reads the chosen experts' pages ahead as soon as each layer's router has

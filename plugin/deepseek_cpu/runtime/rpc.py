@@ -163,6 +163,21 @@ def attach(endpoints: list[str]) -> list[int]:
     return devices
 
 
+def local_only():
+    """For a load without workers in a process that has registered some: CPU only. llama.cpp would
+    otherwise use every registered device, and its connect to a worker that is gone aborts."""
+    import contextlib
+    if not _attached:
+        return contextlib.nullcontext()
+    from . import model_params
+    empty = (ctypes.c_void_p * 1)(None)
+
+    def change(p):
+        p.devices = ctypes.cast(empty, ctypes.c_void_p)
+        change.keep = empty
+    return model_params._patched_defaults(change)
+
+
 def losses() -> tuple[int, str]:
     """(how many worker losses this process has seen, the latest one's message)."""
     try:

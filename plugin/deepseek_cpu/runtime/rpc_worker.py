@@ -47,16 +47,18 @@ def build(host: str, port: int, threads: int, mem: int, cache: Path | None) -> t
     cmd = [str(worker_binary()), "-H", host, "-p", str(port), "-t", str(threads)]
     env = {"DEEPSEEK_CPU_RPC_MEM": str(mem)}
     if cache is not None:
-        # the server keeps its entries in $LLAMA_CACHE/rpc: point that name at the directory
-        cache.mkdir(parents=True, exist_ok=True)
-        root = cache / ".llama-cache"
-        root.mkdir(exist_ok=True)
-        link = root / "rpc"
-        if not link.is_symlink():
-            link.symlink_to(cache.resolve(), target_is_directory=True)
-        env["LLAMA_CACHE"] = str(root)
+        # the server keeps its entries in $LLAMA_CACHE/rpc: prepare_cache points that name at `cache`
+        env["LLAMA_CACHE"] = str(cache / ".llama-cache")
         cmd.append("-c")
     return cmd, env
+
+
+def prepare_cache(cache: Path) -> None:
+    root = cache / ".llama-cache"
+    root.mkdir(parents=True, exist_ok=True)
+    link = root / "rpc"
+    if not link.is_symlink():
+        link.symlink_to(cache.resolve(), target_is_directory=True)
 
 
 def supervise(cmd: list[str], env_extra: dict[str, str], cpus: set[int] | None = None, max_restarts: int | None = None) -> int:
@@ -140,6 +142,8 @@ def rpc_worker(host, port, threads, cpus, mem, cache_dir, no_cache, dry_run):
     if dry_run:
         click.echo(" ".join([*(f"{k}={v}" for k, v in env.items()), *cmd]))
         return
+    if cache is not None:
+        prepare_cache(cache)
     note = "" if host in ("127.0.0.1", "localhost") else " (no authentication: keep this network private)"
     click.echo(f"deepseek-cpu rpc-worker: {host}:{port}{note}; offering {gib(offered)}, {threads} threads; "
                f"weight cache {cache if cache else 'off'}", err=True)

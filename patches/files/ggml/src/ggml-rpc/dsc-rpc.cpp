@@ -3,6 +3,7 @@
 
 #include "dsc-rpc.h"
 
+#include "ggml-backend-impl.h"
 #include "ggml-impl.h"
 
 #include <atomic>
@@ -13,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -235,4 +238,118 @@ bool dsc_rpc_node_ok(const ggml_tensor * node) {
         }
     }
     return true;
+}
+
+// ---- worker: weights repacked at upload ----
+//
+// The server allocates every buffer from the CPU device's default (plain) buffer type: it cannot tell
+// weights from activations, and the repack buffer type aborts on anything but whole weights. So the
+// weights the client's loader would have put in the repack buffer (2D matrices and 3D expert stacks,
+// written whole) are repacked in place when they arrive, using that buffer type's own init_tensor and
+// set_tensor (the layout is ours: dsc/repack-dsc.cpp), and remembered by address; each graph's copy of
+// such a tensor then gets the repack traits and a stand-in buffer of the repack type, which is how the
+// CPU backend picks the repacked GEMMs and GEMVs (ggml_cpu_extra_compute_forward).
+
+namespace {
+struct repacked_weight {
+    ggml_type             type;
+    int64_t               ne[GGML_MAX_DIMS];
+    void                * traits;
+    ggml_backend_buffer_t real;
+};
+}
+
+static std::map<uintptr_t, repacked_weight>                          g_repacked;
+static std::unordered_map<ggml_backend_buffer_t, ggml_backend_buffer_t> g_repack_alias;  // real -> stand-in
+static ggml_backend_buffer_t                                         g_repack_probe = nullptr;
+
+static ggml_backend_buffer_type_t g_repack_buft = nullptr;
+
+void dsc_rpc_worker_devices(ggml_backend_dev_t * devices, size_t n) {
+    const char * v = std::getenv("DEEPSEEK_CPU_RPC_REPACK");
+    if (v && v[0] == '0') {
+        return;
+    }
+    for (size_t i = 0; i < n && !g_repack_buft; i++) {
+        if (ggml_backend_dev_type(devices[i]) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            continue;
+        }
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(devices[i]);
+        auto get = reg ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts") : nullptr;
+        for (ggml_backend_buffer_type_t * b = get ? get(devices[i]) : nullptr; b && *b; ++b) {
+            if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
+                g_repack_buft = *b;
+                break;
+            }
+        }
+    }
+    fprintf(stdout, "  weights        : %s\n", g_repack_buft ? "repacked at upload (CPU_REPACK)" : "as sent");
+}
+
+static ggml_backend_buffer_type_t repack_buft(void) {
+    return g_repack_buft;
+}
+
+bool dsc_rpc_set_weight(ggml_tensor * t, const void * data, size_t offset, size_t size) {
+    ggml_backend_buffer_type_t buft = repack_buft();
+    if (!buft || !t->buffer || offset != 0 || size != ggml_nbytes(t) || !ggml_is_contiguous(t)) {
+        return false;
+    }
+    // as llama.cpp's loader decides: a matrix used by MUL_MAT, an expert stack used by MUL_MAT_ID
+    const char * name = ggml_get_name(t);
+    const int    nd   = ggml_n_dims(t);
+    if (!strstr(name, ".weight") || !(nd == 2 || (nd == 3 && strstr(name, "_exps")))) {
+        return false;
+    }
+    if (!g_repack_probe && !(g_repack_probe = ggml_backend_buft_alloc_buffer(buft, 64))) {
+        return false;
+    }
+    ggml_tensor tmp = *t;
+    tmp.buffer = g_repack_probe;
+    tmp.extra  = nullptr;
+    if (g_repack_probe->iface.init_tensor(g_repack_probe, &tmp) != GGML_STATUS_SUCCESS || !tmp.extra) {
+        return false;  // a type or shape without a repacked layout: stored as sent
+    }
+    g_repack_probe->iface.set_tensor(g_repack_probe, &tmp, data, 0, size);  // writes t->data, repacked
+
+    const uintptr_t lo = (uintptr_t) t->data, hi = lo + size;
+    for (auto it = g_repacked.lower_bound(lo); it != g_repacked.end() && it->first < hi; ) {
+        it = g_repacked.erase(it);  // an earlier weight at these addresses
+    }
+    repacked_weight w = { t->type, {}, tmp.extra, t->buffer };
+    memcpy(w.ne, t->ne, sizeof(w.ne));
+    g_repacked[lo] = w;
+    return true;
+}
+
+void dsc_rpc_adopt_repacked(ggml_tensor * t) {
+    if (g_repacked.empty() || !t->buffer) {
+        return;
+    }
+    auto it = g_repacked.find((uintptr_t) t->data);
+    if (it == g_repacked.end()) {
+        return;
+    }
+    const repacked_weight & w = it->second;
+    if (w.type != t->type || memcmp(w.ne, t->ne, sizeof(w.ne)) != 0 || w.real != t->buffer) {
+        return;
+    }
+    ggml_backend_buffer_t & alias = g_repack_alias[w.real];
+    if (!alias) {
+        alias = new ggml_backend_buffer(*w.real);  // same memory and interface, the repack type
+        alias->buft = repack_buft();
+    }
+    t->extra  = w.traits;
+    t->buffer = alias;
+}
+
+void dsc_rpc_forget_buffer(ggml_backend_buffer_t buffer) {
+    for (auto it = g_repacked.begin(); it != g_repacked.end(); ) {
+        it = it->second.real == buffer ? g_repacked.erase(it) : std::next(it);
+    }
+    auto a = g_repack_alias.find(buffer);
+    if (a != g_repack_alias.end()) {
+        delete a->second;
+        g_repack_alias.erase(a);
+    }
 }

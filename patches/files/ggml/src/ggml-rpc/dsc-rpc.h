@@ -47,3 +47,11 @@ void dsc_rpc_cache_write(const char * dir, uint64_t hash, const void * data, siz
 
 // Worker: requests that would make ggml abort are refused instead (the connection is closed).
 bool dsc_rpc_node_ok(const ggml_tensor * node);
+
+// Worker: the weights the client's loader would repack (2D matrices, 3D expert stacks) are repacked
+// in place as they arrive and used through the CPU backend's repacked GEMMs (dsc-rpc.cpp says how).
+// DEEPSEEK_CPU_RPC_REPACK=0 keeps them as sent. dsc_rpc_set_weight: false means "store as usual".
+void dsc_rpc_worker_devices(ggml_backend_dev_t * devices, size_t n);  // at start: finds CPU_REPACK
+bool dsc_rpc_set_weight(ggml_tensor * t, const void * data, size_t offset, size_t size);
+void dsc_rpc_adopt_repacked(ggml_tensor * t);          // a graph's copy of a repacked weight
+void dsc_rpc_forget_buffer(ggml_backend_buffer_t buffer);

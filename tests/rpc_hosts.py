@@ -1,0 +1,186 @@
+"""RPC workers for the tests: on loopback, or as separate hosts (a network namespace each, joined to
+this one by a veth pair, optionally in a memory cgroup and behind `tc netem`)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deepseek_cpu.runtime import rpc
+
+SUBNET = "10.231"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker {endpoint} exited ({proc.returncode})")
+        try:
+            rpc.probe(endpoint, timeout=2)
+            return
+        except rpc.RpcError:
+            time.sleep(0.1)
+    raise TimeoutError(f"worker {endpoint} not ready")
+
+
+class Worker:
+    """`deepseek-cpu rpc-worker` (the supervisor) and its server process."""
+
+    def __init__(self, host: str, port: int, args=(), netns: str | None = None, cgroup: Path | None = None,
+                 env: dict | None = None, log: Path | None = None):
+        self.endpoint = f"{host}:{port}"
+        self.host, self.port, self.args, self.netns, self.cgroup = host, port, list(args), netns, cgroup
+        self.env = {**os.environ, **(env or {})}
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self):
+        cmd = [sys.executable, "-m", "deepseek_cpu", "rpc-worker", "--host", self.host, "--port", str(self.port),
+               *self.args]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        group = self.cgroup
+
+        def join():
+            if group is not None:
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     preexec_fn=join, start_new_session=True)
+        wait_ready(self.endpoint, self.proc)
+        return self
+
+    def server_pid(self) -> int:
+        """The ggml-rpc-server under this worker's supervisor."""
+        out = subprocess.run(["pgrep", "-P", str(self._supervisor_pid()), "-f", "ggml-rpc-server"],
+                             capture_output=True, text=True).stdout.split()
+        return int(out[0])
+
+    def _supervisor_pid(self) -> int:
+        if not self.netns:
+            return self.proc.pid
+        # `ip netns exec` execs the command: same pid
+        return self.proc.pid
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def loopback_workers(n: int, args=(), env=None, log_dir: Path | None = None):
+    workers = []
+    try:
+        for i in range(n):
+            w = Worker("127.0.0.1", free_port(), args, env=env, log=(log_dir / f"worker{i}.log") if log_dir else None)
+            workers.append(w.start())
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def need_root_networking():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("not applicable: needs root and iproute2 (network namespaces)")
+    probe = subprocess.run(["ip", "netns", "add", "dsc-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", "dsc-probe"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"not applicable: network namespaces unavailable ({probe.stderr.decode().strip()})")
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+class Host:
+    """A network namespace `name` at SUBNET.k.2, reached from here at SUBNET.k.1 over a veth pair."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.name = f"dsc-host{k}"
+        self.veth = f"dsc-v{k}"
+        self.addr = f"{SUBNET}.{k}.2"
+        self.cgroup: Path | None = None
+
+    def up(self):
+        sh("ip", "netns", "add", self.name)
+        sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", self.veth + "p")
+        sh("ip", "link", "set", self.veth + "p", "netns", self.name)
+        sh("ip", "addr", "add", f"{SUBNET}.{self.k}.1/24", "dev", self.veth)
+        sh("ip", "link", "set", self.veth, "up")
+        sh("ip", "netns", "exec", self.name, "ip", "addr", "add", f"{self.addr}/24", "dev", self.veth + "p")
+        sh("ip", "netns", "exec", self.name, "ip", "link", "set", self.veth + "p", "up")
+        sh("ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up")
+        return self
+
+    def limit_memory(self, limit: int):
+        """A v1 memory cgroup for this host's processes (page cache included)."""
+        if not (CGROUP_ROOT / "cgroup.procs").exists():
+            pytest.skip("not applicable: needs the cgroup v1 memory controller")
+        self.cgroup = CGROUP_ROOT / f"deepseek-cpu-{self.name}-{os.getpid()}"
+        self.cgroup.mkdir(exist_ok=True)
+        (self.cgroup / "memory.limit_in_bytes").write_text(str(limit))
+        return self
+
+    def shape(self, rate: str, delay: str):
+        """Both directions of the link: `rate` (e.g. 10gbit) and one-way `delay` (e.g. 0.05ms)."""
+        for dev, ns in ((self.veth, None), (self.veth + "p", self.name)):
+            pre = ["ip", "netns", "exec", ns] if ns else []
+            subprocess.run([*pre, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate, "delay", delay],
+                           check=True, capture_output=True)
+
+    def link(self, up: bool):
+        sh("ip", "netns", "exec", self.name, "ip", "link", "set", self.veth + "p", "up" if up else "down")
+
+    def tx_bytes(self) -> int:
+        """Bytes this host's side received from the client so far."""
+        return int(Path(f"/sys/class/net/{self.veth}/statistics/tx_bytes").read_text())
+
+    def down(self):
+        subprocess.run(["ip", "netns", "pids", self.name], capture_output=True)
+        for pid in subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.2)
+        subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        if self.cgroup is not None:
+            for _ in range(50):
+                try:
+                    self.cgroup.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def hosts(n: int, first: int = 1):
+    need_root_networking()
+    made = []
+    try:
+        for k in range(first, first + n):
+            h = Host(k)
+            h.down()  # a previous run's leftovers
+            made.append(h.up())
+        yield made
+    finally:
+        for h in made:
+            h.down()

@@ -140,12 +140,21 @@ class Host:
         (self.cgroup / "memory.limit_in_bytes").write_text(str(limit))
         return self
 
-    def shape(self, rate: str, delay: str):
-        """Both directions of the link: `rate` (e.g. 10gbit) and one-way `delay` (e.g. 0.05ms)."""
+    def shape(self, rate: str, delay: str) -> str:
+        """Both directions of the link: `rate` (e.g. 10gbit) and one-way `delay` (e.g. 0.1ms) with
+        netem; where the kernel has no netem, the rate alone with tbf. Returns what was applied."""
+        how = "netem"
         for dev, ns in ((self.veth, None), (self.veth + "p", self.name)):
             pre = ["ip", "netns", "exec", ns] if ns else []
-            subprocess.run([*pre, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate, "delay", delay],
-                           check=True, capture_output=True)
+            r = subprocess.run([*pre, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate, "delay", delay],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                bits = _bits(rate)
+                burst = max(64 << 10, bits // 8 // 1000)  # a millisecond at the line rate
+                subprocess.run([*pre, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                                "burst", str(burst), "latency", "50ms"], check=True, capture_output=True)
+                how = "tbf (no netem in this kernel: rate only, no added delay)"
+        return how
 
     def link(self, up: bool):
         sh("ip", "netns", "exec", self.name, "ip", "link", "set", self.veth + "p", "up" if up else "down")
@@ -169,6 +178,14 @@ class Host:
                     break
                 except OSError:
                     time.sleep(0.1)
+
+
+def _bits(rate: str) -> int:
+    units = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}
+    for u, m in units.items():
+        if rate.endswith(u):
+            return int(float(rate[: -len(u)]) * m)
+    raise ValueError(f"rate {rate!r}: use e.g. 10gbit, 100mbit")
 
 
 @contextlib.contextmanager

@@ -199,6 +199,9 @@ class Llama(llama_cpp.Llama):
         from . import rpc
         try:
             super().eval(tokens)
+            # llama-cpp-python reads no logits here unless logits_all: wait for the workers, as a
+            # CPU backend would have, so that a loss shows up at this token and timings are real
+            llama_cpp.llama_synchronize(self._ctx.ctx)
         except RuntimeError:
             rpc.check(self._rpc_losses)
             raise

@@ -201,33 +201,37 @@ class Share:
     bytes: int = 0
 
 
+OUTPUT_PATTERN = r"^output\.weight$"  # kept on this host: 20 KiB of hidden state cross the link, not the logits
+
+
 @dataclass
 class Split:
     n_layer: int
-    local: Share
+    local: Share      # its units: the first layers, if any, and always the output (n_layer)
     workers: list[Share]
 
     @property
     def n_gpu_layers(self) -> int:
-        """llama.cpp's count of layers (the output counting as one) placed on the devices."""
-        return self.n_layer + 1 - len(self.local.units)
+        """llama.cpp's count of layers placed on the devices: the output counts as one (its norm goes
+        to the last worker; its weight is overridden to this host's CPU, OUTPUT_PATTERN)."""
+        return self.n_layer + 1 - len([u for u in self.local.units if u < self.n_layer])
 
     @property
     def tensor_split(self) -> list[float]:
-        return [float(len(w.units)) for w in self.workers]
+        counts = [float(len(w.units)) for w in self.workers]
+        counts[-1] += 1  # llama.cpp's output "layer"
+        return counts
 
     def describe(self) -> str:
         def rng(units):
-            if not units:
-                return "nothing"
             layers = [u for u in units if u < self.n_layer]
             text = f"layers {layers[0]}-{layers[-1]}" if layers else ""
             if self.n_layer in units:
                 text = f"{text} + output" if text else "output"
-            return text
-        parts = [f"{s.host}: {rng(s.units)} ({s.bytes / 2**30:.2f} of {s.offered / 2**30:.2f} GiB)"
-                 for s in [self.local, *self.workers]]
-        return "; ".join(parts)
+            return text or "nothing"
+        local = f"this host: {rng(self.local.units)} ({self.local.bytes / 2**30:.2f} GiB)"
+        return "; ".join([local] + [f"{s.host}: {rng(s.units)} ({s.bytes / 2**30:.2f} of {s.offered / 2**30:.2f} GiB)"
+                                    for s in self.workers])
 
 
 def unit_sizes(model: str, kv_bytes_per_layer: int = 0) -> tuple[int, list[int]]:
@@ -253,8 +257,12 @@ def usable(offered: int) -> int:
 
 
 def plan_split(n_layer: int, sizes: list[int], local_offer: int, workers: list[tuple[str, int]]) -> Split:
-    """Contiguous units: the local host first (llama.cpp keeps the first layers on the CPU), then
-    each worker in the order given, in proportion to what each offers, none past its offer."""
+    """Contiguous layers: the local host first (llama.cpp keeps the first layers on the CPU), then
+    each worker in the order given, in proportion to what each offers, none past its offer. The
+    output stays on the local host, beside the embeddings: sending the logits back would cost
+    n_vocab floats per token (400 KiB for DeepSeek's vocabulary) instead of one hidden state."""
+    output = sizes[n_layer]
+    sizes = sizes[:n_layer]
     shares = [Share("local", local_offer)] + [Share(ep, off) for ep, off in workers]
     caps = [usable(s.offered) if s.host != "local" else s.offered for s in shares]
     total, cap_total = sum(sizes), sum(caps)
@@ -282,6 +290,8 @@ def plan_split(n_layer: int, sizes: list[int], local_offer: int, workers: list[t
         big = max(sizes)
         raise RpcError(f"the layers do not fit the hosts' offers one range each (largest layer "
                        f"{big / 2**30:.2f} GiB; offers {', '.join(f'{c / 2**30:.2f}' for c in caps)} GiB)")
+    shares[0].units.append(n_layer)
+    shares[0].bytes += output
     return Split(n_layer, shares[0], shares[1:])
 
 
@@ -319,10 +329,29 @@ def prepare(model: str, rpc_servers, rpc_local, kwargs: dict, verbose: bool = Tr
     if verbose:
         print(f"deepseek-cpu: split over {len(endpoints)} worker(s): {split.describe()}", file=sys.stderr)
     array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+    overrides = _cpu_override(OUTPUT_PATTERN)
 
     def change(p):
         p.devices = ctypes.cast(array, ctypes.c_void_p)
-    return split, model_params._patched_defaults(change), array
+        p.tensor_buft_overrides = ctypes.cast(overrides[0], ctypes.c_void_p)
+    return split, model_params._patched_defaults(change), (array, overrides)
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]  # llama_model_tensor_buft_override
+
+
+def _cpu_override(pattern: str):
+    """llama_model_params.tensor_buft_overrides placing weights matching `pattern` on this host's CPU."""
+    ggml = _lib("libggml.so")
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    cpu = ggml.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_by_type(0))  # GGML_BACKEND_DEVICE_TYPE_CPU
+    name = pattern.encode()
+    table = (_BuftOverride * 2)(_BuftOverride(name, cpu), _BuftOverride(None, None))
+    return table, name
 
 
 def check(since: int) -> None:

@@ -35,7 +35,8 @@ def server_args(model: str, spec: str, local: str | None, n_ctx: int) -> tuple[l
     split = rpc.plan_for(model, endpoints, parse_size(local) if local else 0, n_ctx)
     click.echo(f"deepseek-cpu serve: split over {len(endpoints)} worker(s): {split.describe()}", err=True)
     args = ["--rpc", ",".join(endpoints), "-ngl", str(split.n_gpu_layers),
-            "--tensor-split", ",".join(f"{x:g}" for x in split.tensor_split)]
+            "--tensor-split", ",".join(f"{x:g}" for x in split.tensor_split),
+            "--override-tensor", f"{rpc.OUTPUT_PATTERN}=CPU"]
     return endpoints, args, {"DEEPSEEK_CPU_RPC_LOST_EXIT": str(LOST_EXIT)}
 
 

@@ -562,6 +562,9 @@ def deepseek_cpu_register_commands(cli):
     @click.option("--mem-budget", default=None, metavar="SIZE",
                   help="Ours under a memory budget (Llama(mem_budget=SIZE)); for stock, --stock-opt use_extra_bufts=false "
                        "maps its weights too. benchmarks/mem_budget.py runs both under a real memory limit.")
+    @click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT,...",
+                  help="Ours split over these `deepseek-cpu rpc-worker`s (Llama(rpc_servers=...)); "
+                       "benchmarks/multi_host.py runs them as separate hosts over shaped links.")
     @click.option("--ours-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for ours only.")
     @click.option("--stock-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for stock only.")
     @click.option("--ours-lib", type=click.Path(file_okay=False), default=None,
@@ -576,7 +579,7 @@ def deepseek_cpu_register_commands(cli):
     @click.option("--no-warm-cache", is_flag=True, help="Do not read the model into the page cache first.")
     @click.option("--no-warm-load", is_flag=True,
                   help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
-    def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, ours_opt,
+    def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, rpc_servers, ours_opt,
                   stock_opt, ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
                   no_warm_load):
         """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
@@ -596,7 +599,8 @@ def deepseek_cpu_register_commands(cli):
                 common["flash_attn"] = flash_attn == "on"
             res = bench(model, pp=pp, tg=tg, threads=threads, repeat=repeat, ctx_depth=ctx_depth,
                         compare_stock=compare_stock, opts=common,
-                        ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}), **_parse_opts(ours_opt)},
+                        ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}),
+                                   **({"rpc_servers": rpc_servers} if rpc_servers else {}), **_parse_opts(ours_opt)},
                         stock_opts=_parse_opts(stock_opt), ours_lib=ours_lib, stock_lib=stock_lib, seed=seed,
                         timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load,
                         log=lambda m, nl=True: click.echo(m, err=True, nl=nl))

@@ -40,10 +40,12 @@ def link_bytes():
     return sum(int(Path(f"/sys/class/net/{v}/statistics/{d}_bytes").read_text()) for v in spec["veths"] for d in ("tx", "rx"))
 kw = {"rpc_servers": spec["rpc"]} if spec["rpc"] else {}
 rng = np.random.default_rng(spec["seed"])
+l0 = link_bytes()
 t0 = time.perf_counter()
 llm = Llama(spec["model"], n_ctx=spec["pp"] + spec["tg"] + 8, n_batch=spec["pp"], n_ubatch=spec["pp"],
             n_threads=spec["threads"], verbose=False, **kw)
 load = time.perf_counter() - t0
+load_bytes = link_bytes() - l0
 prompt = rng.integers(100, 50000, spec["pp"]).tolist()
 import llama_cpp
 def sync():  # llama-cpp-python's eval does not wait for an asynchronous backend (RPC) without logits_all
@@ -55,7 +57,7 @@ for tok in rng.integers(100, 50000, spec["tg"]).tolist():
     llm.eval([tok]); sync()
 decode = time.perf_counter() - t
 b1 = link_bytes()
-print(json.dumps({"load_s": load, "prefill_tok_s": spec["pp"] / prefill, "decode_tok_s": spec["tg"] / decode,
+print(json.dumps({"load_s": load, "load_gib_sent": load_bytes / 2**30, "prefill_tok_s": spec["pp"] / prefill, "decode_tok_s": spec["tg"] / decode,
                   "bytes_per_token": (b1 - b0) / spec["tg"]}))
 """
 
@@ -124,14 +126,14 @@ def summarize(results):
         return
     d1 = statistics.median(r["decode_tok_s"] for r in one)
     p1 = statistics.median(r["prefill_tok_s"] for r in one)
-    print(f"\n| configuration | link | decode tok/s (× one process) | prefill tok/s (× one process) | KiB per token | load: first / reconnect [s] |")
-    print("|---|---|---|---|---|---|")
-    print(f"| one process | — | {d1:.2f} | {p1:.1f} | — | {statistics.median(r['load_s'] for r in one):.1f} |")
+    print(f"\n| configuration | link | decode tok/s (× one process) | prefill tok/s (× one process) | KiB per token | load: first / reconnect [s] | GiB sent: first / reconnect |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| one process | — | {d1:.2f} | {p1:.1f} | — | {statistics.median(r['load_s'] for r in one):.1f} | — |")
     keys = sorted({(r["config"], r["link"]) for r in results if "link" in r}, key=lambda k: (k[1], k[0]))
     for cfg, link in keys:
         rows = [r for r in results if r.get("config") == cfg and r.get("link") == link and "decode_tok_s" in r]
         if not rows:
-            print(f"| {cfg} | {link} | failed | | | |")
+            print(f"| {cfg} | {link} | failed | | | | |")
             continue
         d = statistics.median(r["decode_tok_s"] for r in rows)
         p = statistics.median(r["prefill_tok_s"] for r in rows)
@@ -139,7 +141,9 @@ def summarize(results):
         first = [r["load_s"] for r in rows if r["connect"] == "first"]
         again = [r["load_s"] for r in rows if r["connect"] == "reconnect"]
         loads = f"{first[0]:.1f} / {statistics.median(again):.1f}" if first and again else "—"
-        print(f"| {cfg} | {link} | {d:.2f} ({d / d1:.2f}×) | {p:.1f} ({p / p1:.2f}×) | {kib:.0f} | {loads} |")
+        sent = [r.get("load_gib_sent") for r in rows]
+        gib = (f"{sent[0]:.2f} / {statistics.median(sent[1:]):.2f}" if len(sent) > 1 and None not in sent else "—")
+        print(f"| {cfg} | {link} | {d:.2f} ({d / d1:.2f}×) | {p:.1f} ({p / p1:.2f}×) | {kib:.0f} | {loads} | {gib} |")
 
 
 if __name__ == "__main__":

@@ -67,16 +67,10 @@ class Worker:
         return self
 
     def server_pid(self) -> int:
-        """The ggml-rpc-server under this worker's supervisor."""
-        out = subprocess.run(["pgrep", "-P", str(self._supervisor_pid()), "-f", "ggml-rpc-server"],
+        """The ggml-rpc-server under this worker's supervisor (`ip netns exec` execs: the same pid)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "ggml-rpc-server"],
                              capture_output=True, text=True).stdout.split()
         return int(out[0])
-
-    def _supervisor_pid(self) -> int:
-        if not self.netns:
-            return self.proc.pid
-        # `ip netns exec` execs the command: same pid
-        return self.proc.pid
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -156,15 +150,7 @@ class Host:
                 how = "tbf (no netem in this kernel: rate only, no added delay)"
         return how
 
-    def link(self, up: bool):
-        sh("ip", "netns", "exec", self.name, "ip", "link", "set", self.veth + "p", "up" if up else "down")
-
-    def tx_bytes(self) -> int:
-        """Bytes this host's side received from the client so far."""
-        return int(Path(f"/sys/class/net/{self.veth}/statistics/tx_bytes").read_text())
-
     def down(self):
-        subprocess.run(["ip", "netns", "pids", self.name], capture_output=True)
         for pid in subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)

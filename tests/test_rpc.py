@@ -187,7 +187,7 @@ def test_a_worker_refuses_buffers_beyond_its_offer():
 
 
 def test_the_weight_cache_spares_resending_and_survives_a_damaged_entry(tmp_path):
-    """Tensors over 10 MB go by hash once cached; a cache file cut short is detected (its hash),
+    """Weights over 1 MiB go by hash once cached; a cache file cut short is detected (its hash),
     removed and sent again, and the logits stay right."""
     model = tmp_path / "q4.gguf"
     subprocess.run([sys.executable, "-m", "deepseek_cpu", "synth", "--layers", "2", "--quant", "q4_0",
@@ -215,3 +215,18 @@ def test_worker_command_line(tmp_path):
     assert "DEEPSEEK_CPU_RPC_MEM=1073741824" in r.output and "-H 127.0.0.1 -p 6001" in r.output and r.output.rstrip().endswith("-c")
     r = CliRunner().invoke(cli, ["rpc-worker", "--dry-run", "--no-cache"])
     assert r.exit_code == 0 and "-c" not in r.output.split()
+
+
+def test_serve_passes_the_split_to_llama_server(f32_model):
+    from click.testing import CliRunner
+    from deepseek_cpu.cli import cli
+    with loopback_workers(2, ["--mem", "64M", "--no-cache"]) as ws:
+        eps = ",".join(w.endpoint for w in ws)
+        r = CliRunner().invoke(cli, ["serve", f32_model, "--rpc", eps, "--dry-run"])
+        assert r.exit_code == 0, r.output
+        line = r.output.strip().splitlines()[-1]
+        assert "DEEPSEEK_CPU_RPC_LOST_EXIT=75" in line and f"--rpc {eps}" in line
+        assert "-ngl 4 --tensor-split" in line and "--override-tensor" in line
+        assert "split over 2 worker(s)" in r.output
+        r = CliRunner().invoke(cli, ["serve", f32_model, "--rpc", eps, "--mem-budget", "1G", "--dry-run"])
+        assert r.exit_code != 0 and "cannot be combined" in r.output

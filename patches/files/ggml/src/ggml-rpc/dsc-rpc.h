@@ -1,7 +1,7 @@
 // deepseek-cpu: what we add to llama.cpp's RPC backend (dsc-rpc.cpp), called from ggml-rpc.cpp and
 // transport.cpp. Upstream's backend aborts the client when a worker dies, blocks forever on a peer
 // that stopped answering, can be crashed by a malformed request, takes any amount of memory and
-// trusts its weight cache blindly; each function below is the fix for one of those.
+// trusts its weight cache blindly (a short file under a hash's name was loaded as the weights); each function below is the fix for one of those.
 #pragma once
 
 #include "ggml-backend.h"
@@ -39,10 +39,12 @@ void dsc_rpc_mem_release(const void * buffer);
 bool dsc_rpc_mem_report(size_t * free, size_t * total);      // false: no limit set
 
 // Worker: the weight cache. Entries are written to a temporary name and renamed (a crash leaves
-// no half file under a hash's name); an entry is used only if its content has the hash it is
-// filed under (a damaged file is removed and the client sends the weights again).
+// no half file under a hash's name); an entry is used if it has the size of the whole region it is
+// for (`whole`), or else if its content has the hash it is filed under (a damaged file is removed
+// and the client sends the weights again).
 typedef uint64_t (*dsc_rpc_hash_fn)(const uint8_t * data, size_t len, uint64_t seed);
-bool dsc_rpc_cache_read(const char * dir, uint64_t hash, dsc_rpc_hash_fn fnv, std::vector<uint8_t> & data);
+bool dsc_rpc_cache_read(const char * dir, uint64_t hash, size_t whole, dsc_rpc_hash_fn fnv, std::vector<uint8_t> & data);
+size_t dsc_rpc_region_size(uint32_t type, const uint32_t * ne, const uint32_t * nb, uint64_t offset);  // 0: malformed
 void dsc_rpc_cache_write(const char * dir, uint64_t hash, const void * data, size_t size);
 
 // Worker: requests that would make ggml abort are refused instead (the connection is closed).

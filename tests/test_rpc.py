@@ -230,3 +230,32 @@ def test_serve_passes_the_split_to_llama_server(f32_model):
         assert "split over 2 worker(s)" in r.output
         r = CliRunner().invoke(cli, ["serve", f32_model, "--rpc", eps, "--mem-budget", "1G", "--dry-run"])
         assert r.exit_code != 0 and "cannot be combined" in r.output
+
+
+def test_a_worker_whose_port_is_taken_exits_with_an_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "deepseek_cpu", "rpc-worker", "--port", str(port), "--no-cache"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "exits at start" in r.stderr
+
+
+def test_workers_used_once_leave_later_loads_alone(f32_model):
+    """A worker used by one model is not a device of later loads in the process: llama_cpp.Llama
+    (not ours) loads on the CPU after the worker is gone, where a registered device would abort."""
+    with loopback_workers(1, ["--mem", "64M", "--no-cache"]) as (w,):
+        _logits(f32_model, rpc_servers=w.endpoint)
+    r = subprocess.run([sys.executable, "-c", f"""
+import llama_cpp
+from deepseek_cpu import Llama
+from rpc_hosts import loopback_workers
+with loopback_workers(1, ["--mem", "64M", "--no-cache"]) as (w,):
+    Llama({f32_model!r}, n_ctx=64, verbose=False, rpc_servers=w.endpoint).close()
+llm = llama_cpp.Llama({f32_model!r}, n_ctx=64, verbose=False)
+llm.eval([3, 17])
+print("OK")
+"""], capture_output=True, text=True, timeout=120, cwd=os.path.dirname(__file__),
+                       env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert "OK" in r.stdout, r.stderr[-2000:]

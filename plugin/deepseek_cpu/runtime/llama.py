@@ -155,9 +155,9 @@ class Llama(llama_cpp.Llama):
                 kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}), **kwargs}
             self.rpc_split, params, keep = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True))
             self._rpc_losses = rpc.losses()[0]
+            self._rpc_params = keep  # the device and override arrays model_params points to
             with params:
                 super().__init__(model_path, *args, **kwargs)
-            del keep  # the device array is copied into the model at load
             return
         budget = None
         if mem_budget is not None:
@@ -174,14 +174,12 @@ class Llama(llama_cpp.Llama):
             budget = memory_budget.plan(model_path, size, (shape.kv_bytes_per_token if shape else 0) * n_ctx)
         if not args:
             kwargs = {**cpu_defaults(model_path, kwargs), **kwargs}
-        from .rpc import local_only
         if budget is None:
-            with local_only():
-                super().__init__(model_path, *args, **kwargs)
+            super().__init__(model_path, *args, **kwargs)
         else:
             self.memory_plan = budget
             from . import experts, model_params
-            with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern), local_only():
+            with model_params.mapped(memory_budget.EXPERT_TENSORS.pattern):
                 super().__init__(model_path, *args, **kwargs)
             experts.forget_expert_addresses()  # another model's, possibly freed
             # the engine reads the chosen experts' pages ahead as soon as each layer's router has

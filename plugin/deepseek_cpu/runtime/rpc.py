@@ -132,15 +132,16 @@ def _lib(name: str) -> ctypes.CDLL:
 
 
 def attach(endpoints: list[str]) -> list[int]:
-    """Register the workers' devices with this process's ggml (once per endpoint, as llama-server's
-    --rpc does) and return their device handles, in the order given."""
+    """The workers' device handles, in the order given (made once per endpoint). They are handed to
+    the model load directly and never registered with ggml: a registered device would be used by
+    every later load in this process (llama_cpp.Llama's too), which connects to it, holds the
+    worker busy, and aborts if it is gone."""
     import llama_cpp  # noqa: F401  (loads our libllama and its libggml first)
     ggml = _lib("libggml.so")
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
     ggml.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
@@ -157,25 +158,9 @@ def attach(endpoints: list[str]) -> list[int]:
             reg = add(ep.encode())
             if not reg:
                 raise RpcError(f"worker {ep} reports no devices")
-            ggml.ggml_backend_register(reg)
             _attached[ep] = [ggml.ggml_backend_reg_dev_get(reg, i) for i in range(ggml.ggml_backend_reg_dev_count(reg))]
         devices += _attached[ep][:1]  # a CPU worker has one device
     return devices
-
-
-def local_only():
-    """For a load without workers in a process that has registered some: CPU only. llama.cpp would
-    otherwise use every registered device, and its connect to a worker that is gone aborts."""
-    import contextlib
-    if not _attached:
-        return contextlib.nullcontext()
-    from . import model_params
-    empty = (ctypes.c_void_p * 1)(None)
-
-    def change(p):
-        p.devices = ctypes.cast(empty, ctypes.c_void_p)
-        change.keep = empty
-    return model_params._patched_defaults(change)
 
 
 def losses() -> tuple[int, str]:

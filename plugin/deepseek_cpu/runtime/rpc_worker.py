@@ -91,10 +91,10 @@ def supervise(cmd: list[str], env_extra: dict[str, str], cpus: set[int] | None =
                 break
             ran = time.monotonic() - started
             how = f"signal {-rc}" if rc < 0 else f"status {rc}"
-            quick = quick + 1 if ran < QUICK_EXIT_S and rc > 0 else 0
+            quick = quick + 1 if ran < QUICK_EXIT_S else 0  # e.g. its port is taken: it returns at once
             if quick >= 2:
                 click.echo(f"deepseek-cpu rpc-worker: the server exits at start ({how}); see its message above", err=True)
-                return rc
+                return rc if rc > 0 else 1
             restarts += 1
             if max_restarts is not None and restarts > max_restarts:
                 return rc

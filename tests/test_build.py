@@ -133,7 +133,7 @@ def test_pinned_series_applies_to_the_pinned_source(tmp_path):
     assert "n_layer() == 27" not in src  # the layer-count guess is gone
 
 
-SERIES_GROUPS = ("fixes", "build", "memory", "graph", "chat", "hooks")
+SERIES_GROUPS = ("fixes", "build", "memory", "rpc", "graph", "chat", "hooks")
 # Lines our series may add inside llama.cpp's own files. Our code lives in patches/files/; the
 # series holds fixes and the call sites that hook our files in, and moving to a newer llama.cpp
 # means re-resolving exactly these lines. Raise it only for a new hook or fix, never for a kernel.

@@ -128,13 +128,9 @@ def rpc_worker(host, port, threads, cpus, mem, cache_dir, no_cache, dry_run):
 
     Clients use it with `Llama(..., rpc_servers="HOST:PORT,...")`, `serve --rpc`, `bench --rpc`."""
     from .memory_budget import gib, parse_size
-    from .resources import available_memory, default_threads, parse_cpu_list
-    cpu_set = None
-    if cpus:
-        try:
-            cpu_set = parse_cpu_list(cpus)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--cpus") from None
+    from .options import cpu_set_option
+    from .resources import available_memory, default_threads
+    cpu_set = cpu_set_option(cpus)
     threads = threads or default_threads(cpu_set)
     offered = parse_size(mem) if mem else available_memory()
     cache = None if no_cache else (cache_dir or default_cache_dir())

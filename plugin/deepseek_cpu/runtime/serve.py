@@ -211,17 +211,10 @@ def serve(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_b
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
-    cpu_set = None
-    if cpus:
-        from .resources import default_threads, parse_cpu_list
-        try:
-            cpu_set = parse_cpu_list(cpus)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--cpus") from None
-        allowed = os.sched_getaffinity(0)
-        if not cpu_set <= allowed:
-            raise click.BadParameter(f"CPUs {sorted(cpu_set - allowed)} are not available to this process "
-                                     f"(allowed: {sorted(allowed)})", param_hint="--cpus")
+    from .options import cpu_set_option
+    cpu_set = cpu_set_option(cpus)
+    if cpu_set:
+        from .resources import default_threads
         threads = threads or default_threads(cpu_set)
     env = budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run) if mem_budget else {}
     workers = None

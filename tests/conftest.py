@@ -1,6 +1,9 @@
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,38 @@ def llama_cpp_source_dir() -> Path | None:
             tf.extractall(out, members=members, filter="data")
         (out / "done-all-vocabs").touch()
     return out / pin["llama_cpp_dir"]
+
+
+# -- disk: the suite writes multi-GB synthetic models under the temporary directory ----------
+
+# what one whole run of the suite needs free there: it peaked at 11.5 GiB more on Zen 5
+# (docs/engine.md#tests), plus a margin. A start with less stops at once, with the fix, instead
+# of failing with "No space left on device" halfway through a 15-minute run
+DISK_NEEDED_GIB = 16
+_disk = {"start_used": 0, "peak_used": 0, "free": 0, "stop": threading.Event()}
+
+
+def _disk_sampler(path: str) -> None:
+    while not _disk["stop"].wait(1.0):
+        _disk["peak_used"] = max(_disk["peak_used"], shutil.disk_usage(path).used)
+
+
+def pytest_sessionstart(session):
+    where = tempfile.gettempdir()
+    usage = shutil.disk_usage(where)
+    _disk.update(start_used=usage.used, peak_used=usage.used, free=usage.free, where=where)
+    if usage.free < DISK_NEEDED_GIB * 2**30:
+        msg = (f"only {usage.free / 2**30:.1f} GiB free in {where}; the test suite writes up to "
+               f"{DISK_NEEDED_GIB} GiB of models there (point TMPDIR at a bigger disk)")
+        pytest.exit(msg, returncode=1)
+    threading.Thread(target=_disk_sampler, args=(where,), daemon=True).start()
+
+
+def _disk_line() -> str:
+    _disk["stop"].set()
+    grew = (_disk["peak_used"] - _disk["start_used"]) / 2**30
+    return (f"disk: {_disk['free'] / 2**30:.1f} GiB free in {_disk.get('where')} at the start; "
+            f"the run used at most {grew:.1f} GiB more (anything on that disk counts)")
 
 
 # -- what the run proved: the closing lines of every pytest run -----------------------------
@@ -134,3 +169,4 @@ def pytest_terminal_summary(terminalreporter):
         line += " -- " + "; ".join(f"{n} x {r}" for r, n in reasons.most_common())
     terminalreporter.write_line(line)
     terminalreporter.write_line(kernel_coverage())
+    terminalreporter.write_line(_disk_line())

@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=str(REPO / "tests/fixtures/trained_v2"))
     ap.add_argument("--calibration", default=str(REPO / "tests/fixtures/text/calibration.txt"))
     ap.add_argument("--text", default=str(REPO / "tests/fixtures/text/heldout.txt"))
-    ap.add_argument("--schemes", default="q4_0,q4_k_m,iq4_xs,ds-q4-lean,ds-q4")
+    ap.add_argument("--schemes", default="q4_0,q4_k_m,iq4_xs,ds-q4-lean,ds-q4,ds-q4-q8,ds-q4-k")
     ap.add_argument("--ctx", type=int, default=128, help="Tokens per chunk (eval and imatrix).")
     ap.add_argument("--dir", default="/tmp/schemes-quality")
     ap.add_argument("--json", default=None)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--schemes", default="q4_k_m,ds-q4,ds-q4-lean,q4_0")
+    ap.add_argument("--schemes", default="q4_k_m,ds-q4,ds-q4-q8,ds-q4-k,ds-q4-lean,q4_0")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="Where the synthetic GGUFs go (kept).")
     ap.add_argument("--layers", type=int, default=None, help="Keep the first N blocks (default: all 27).")
     ap.add_argument("--rounds", type=int, default=3)

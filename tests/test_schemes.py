@@ -59,7 +59,7 @@ def test_builtins_come_through_the_hook_like_a_plugins():
     from deepseek_cpu.quantization.types import QUANT_TYPES
     s = registry.schemes()
     assert list(QUANT_TYPES) == [n for n in s if not n.startswith("ds-")]
-    assert {"ds-q4", "ds-q4-lean"} <= set(s)
+    assert {"ds-q4", "ds-q4-q8", "ds-q4-k", "ds-q4-lean"} <= set(s)
     assert {x.plugin for x in s.values()} == {"deepseek_cpu.quantization.builtin"}
 
 
@@ -125,16 +125,18 @@ def test_schemes_lists_bits_per_weight():
     r = _cli("schemes")
     assert r.exit_code == 0
     line = {ln.split()[0]: ln for ln in r.output.splitlines() if ln.strip()}
-    bpw = {n: float(line[n].split()[1].lstrip("~")) for n in ("q4_0", "q4_k_m", "ds-q4", "ds-q4-lean")}
+    names = ("q4_0", "q4_k_m", "ds-q4", "ds-q4-q8", "ds-q4-k", "ds-q4-lean")
+    bpw = {n: float(line[n].split()[1].lstrip("~")) for n in names}
     # the DeepSeek mixes: no larger than q4_k_m, the lean one near q4_0 (V2-Lite's tensors)
-    assert bpw["ds-q4"] <= bpw["q4_k_m"] and abs(bpw["ds-q4-lean"] - bpw["q4_0"]) < 0.25 * bpw["q4_0"]
+    assert all(bpw[n] <= bpw["q4_k_m"] for n in ("ds-q4", "ds-q4-q8", "ds-q4-k"))
+    assert abs(bpw["ds-q4-lean"] - bpw["q4_0"]) < 0.25 * bpw["q4_0"]
 
 
 # ------------------------------------------------------------------------------------------
 # quantize
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scheme", ["q4_k_m", "ds-q4", "ds-q4-lean"])
+@pytest.mark.parametrize("scheme", ["q4_k_m", "ds-q4", "ds-q4-q8", "ds-q4-k", "ds-q4-lean"])
 def test_quantize_writes_the_predicted_types_and_the_engine_runs_it(bf16, converted, tmp_path, scheme):
     from deepseek_cpu.quantization import registry
     out = tmp_path / f"{scheme}.gguf"
@@ -150,6 +152,21 @@ def test_quantize_writes_the_predicted_types_and_the_engine_runs_it(bf16, conver
     tokens = list(np.load(fixture_dir(MODEL) / "reference.npz")["tokens"][:24])
     got, full = _logits(out, tokens), _logits(converted(MODEL, "f32"), tokens)
     assert np.isfinite(got).all() and np.corrcoef(got.ravel(), full.ravel())[0, 1] > 0.9
+
+
+def test_ds_q4_keeps_the_trained_model_closer_than_q4_k_m(converted, tmp_path):
+    # the claim of the README's table, on the model that learned something (random weights
+    # cannot rank schemes): ds-q4's KL divergence to f32 at most half q4_k_m's
+    from conftest import REPO
+    from deepseek_cpu.quantization.evaluate import evaluate
+    from deepseek_cpu.quantization.quantize import quantize
+    src, ref = converted("trained_v2", "bf16"), converted("trained_v2", "f32")
+    text = REPO / "tests" / "fixtures" / "text" / "heldout.txt"
+    kld = {}
+    for scheme in ("q4_k_m", "ds-q4"):
+        q = quantize(src, tmp_path / f"{scheme}.gguf", scheme, progress=False)
+        kld[scheme] = evaluate(q.path, ref, text, n_ctx=128, progress=False).kld_mean
+    assert kld["ds-q4"] <= 0.5 * kld["q4_k_m"], kld
 
 
 def test_tensor_type_overrides_come_first(bf16, tmp_path):

@@ -170,8 +170,17 @@ EMBEDDINGS = r"^token_embd\.weight$"
 OUTPUT = r"^output\.weight$"
 
 DEEPSEEK_MIXES = (
-    Scheme("ds-q4", "DeepSeek mix at q4_k_m's size: routed experts q4_K; attention, shared "
-           "experts, dense layers, embeddings and output q8_0",
+    Scheme("ds-q4", "DeepSeek mix below q4_k_m's size, as fast: routed experts q4_0; attention, "
+           "shared experts, dense layers and embeddings q6_K (q8_0 where rows are not "
+           "256-wide); output q8_0",
+           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q6_K"), (SHARED_EXPERTS, "q6_K"),
+                    (DENSE_FFN, "q6_K"), (EMBEDDINGS, "q6_K"), (OUTPUT, "q8_0"))),
+    Scheme("ds-q4-q8", "ds-q4 with everything but the routed experts at q8_0: closer to the "
+           "original, a little larger, decode a little slower",
+           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q8_0"), (SHARED_EXPERTS, "q8_0"),
+                    (DENSE_FFN, "q8_0"), (EMBEDDINGS, "q8_0"), (OUTPUT, "q8_0"))),
+    Scheme("ds-q4-k", "ds-q4-q8 with k-quant routed experts (q4_K; q5_0 where rows are not "
+           "256-wide): for models whose experts lose more to q4_0; slower decode",
            "q4_k_m", ((ROUTED_EXPERTS, "q4_K"), (ATTENTION, "q8_0"), (SHARED_EXPERTS, "q8_0"),
                       (DENSE_FFN, "q8_0"), (EMBEDDINGS, "q8_0"), (OUTPUT, "q8_0"))),
     Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "

@@ -242,3 +242,28 @@ def test_tensor_transforms_on_exact_blocks(tmp_path, imported, target):
             np.testing.assert_allclose(got, want, atol=2 * np.abs(want).max() / 15)
         else:
             assert np.array_equal(np.asarray(t.data), np.asarray(ours[t.name].data)), t.name
+
+
+def _engine_logits(path, tokens) -> np.ndarray:
+    from deepseek_cpu import Llama
+    llm = Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=2)
+    try:
+        llm.eval(list(tokens))
+        return np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("name", ["ct_asym_g32", "gptq_g32", "awq_g32"])
+def test_the_exact_import_beats_requantizing_to_q4_k_m(name, imported, tmp_path):
+    """Keeping the INT4 grid is the point of the import: its KL divergence to the tool's own
+    float model (run by transformers) is below what dequantizing and re-quantizing the same
+    weights with llama.cpp's q4_k_m gives."""
+    from deepseek_cpu.quantization.quantize import quantize
+    ref = np.load(fixture_dir(name) / "dequant_reference.npz")
+    floats = convert(fixture_dir(name), tmp_path / "f32.gguf", outtype="f32", progress=False, exact_int4=False)
+    requantized = quantize(floats, tmp_path / "q4_k_m.gguf", "q4_k_m", progress=False).path
+    want = ref["logits"].astype(np.float64)
+    exact = kld(want, _engine_logits(imported(name), ref["tokens"])).mean()
+    requant = kld(want, _engine_logits(requantized, ref["tokens"])).mean()
+    assert exact < requant, (exact, requant)

@@ -71,7 +71,7 @@ def llama_cpp_source_dir() -> Path | None:
     return out / pin["llama_cpp_dir"]
 
 
-# -- disk: the suite writes multi-GB synthetic models under the temporary directory ----------
+# -- disk: the suite writes GiB-sized synthetic models under the temporary directory --------
 
 # what one whole run of the suite needs free there: on Zen 5 it peaked at 1.0 GiB more once
 # pytest dropped passed tests' files (pyproject.toml; keeping them all, 11.5 GiB), plus a margin
@@ -91,8 +91,8 @@ def pytest_sessionstart(session):
     usage = shutil.disk_usage(where)
     _disk.update(start_used=usage.used, peak_used=usage.used, free=usage.free, where=where)
     if usage.free < DISK_NEEDED_GIB * 2**30:
-        msg = (f"only {usage.free / 2**30:.1f} GiB free in {where}; the test suite writes up to "
-               f"{DISK_NEEDED_GIB} GiB of models there (point TMPDIR at a bigger disk)")
+        msg = (f"only {usage.free / 2**30:.1f} GiB free in {where}; the test suite needs "
+               f"{DISK_NEEDED_GIB} GiB there for its models (point TMPDIR at a bigger disk)")
         # the whole suite stops; a chosen file or test may need far less, so it only warns
         tests = Path(__file__).resolve().parent
         if all(Path(a.split("::")[0]).resolve() == tests for a in session.config.args):

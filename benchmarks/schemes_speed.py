@@ -4,7 +4,8 @@ A mix is only useful if each of its tensor types runs on our fast kernels. This 
 random-weight GGUF with V2-Lite's exact shapes per scheme (`deepseek-cpu synth`, the types
 llama.cpp's quantizer would give), then runs `deepseek-cpu bench` on them in interleaved
 rounds (scheme A, B, C, ..., A, B, C, ...) so that slow minutes of a shared machine hit every
-scheme. Prints median tok/s and the ratio to the first scheme (default q4_k_m).
+scheme. Prints median tok/s and the ratio to the first scheme (default q4_k_m). Where decode
+speed jumps from moment to moment, compare two files with benchmarks/paired_decode.py.
 
     python benchmarks/schemes_speed.py --dir /tmp/schemes --rounds 3
     python benchmarks/schemes_speed.py --layers 8 --schemes q4_k_m,ds-q4 --rounds 2

@@ -169,24 +169,28 @@ ROUTED_EXPERTS = r"\.ffn_(gate|up|down)_exps\.weight$"
 EMBEDDINGS = r"^token_embd\.weight$"
 OUTPUT = r"^output\.weight$"
 
+
+def _mix_rules(experts: str, every_token: str, embeddings: str, output: str) -> tuple:
+    """A DeepSeek mix's rules: the routed experts' type, one type for what every token reads
+    (attention, shared experts, dense layers), and the embeddings' and output's."""
+    return ((ROUTED_EXPERTS, experts), (ATTENTION, every_token), (SHARED_EXPERTS, every_token),
+            (DENSE_FFN, every_token), (EMBEDDINGS, embeddings), (OUTPUT, output))
+
+
 DEEPSEEK_MIXES = (
     Scheme("ds-q4", "DeepSeek mix below q4_k_m's size, as fast: routed experts q4_0; attention, "
            "shared experts, dense layers and embeddings q6_K (q8_0 where rows are not "
            "256-wide); output q8_0",
-           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q6_K"), (SHARED_EXPERTS, "q6_K"),
-                    (DENSE_FFN, "q6_K"), (EMBEDDINGS, "q6_K"), (OUTPUT, "q8_0"))),
+           "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q6_K", output="q8_0")),
     Scheme("ds-q4-q8", "ds-q4 with everything but the routed experts at q8_0: closer to the "
            "original, a little larger, decode a little slower",
-           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q8_0"), (SHARED_EXPERTS, "q8_0"),
-                    (DENSE_FFN, "q8_0"), (EMBEDDINGS, "q8_0"), (OUTPUT, "q8_0"))),
+           "q4_0", _mix_rules("q4_0", "q8_0", embeddings="q8_0", output="q8_0")),
     Scheme("ds-q4-k", "ds-q4-q8 with k-quant routed experts (q4_K; q5_0 where rows are not "
            "256-wide): for models whose experts lose more to q4_0; slower decode",
-           "q4_k_m", ((ROUTED_EXPERTS, "q4_K"), (ATTENTION, "q8_0"), (SHARED_EXPERTS, "q8_0"),
-                      (DENSE_FFN, "q8_0"), (EMBEDDINGS, "q8_0"), (OUTPUT, "q8_0"))),
+           "q4_k_m", _mix_rules("q4_K", "q8_0", embeddings="q8_0", output="q8_0")),
     Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "
            "attention, shared experts and dense layers q6_K; output q6_K",
-           "q4_0", ((ROUTED_EXPERTS, "q4_0"), (ATTENTION, "q6_K"), (SHARED_EXPERTS, "q6_K"),
-                    (DENSE_FFN, "q6_K"), (EMBEDDINGS, "q4_0"), (OUTPUT, "q6_K"))),
+           "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q4_0", output="q6_K")),
 )
 
 

@@ -42,11 +42,29 @@ class Imatrix:
         """Stacked expert tensors with experts that saw no token: name -> how many."""
         return {n: int((c == 0).sum()) for n, c in self.counts.items() if c.size > 1 and (c == 0).any()}
 
+    def channel_peaks(self) -> dict[str, float]:
+        """Per tensor: its input's largest channel energy over the median channel's (stacked
+        experts: the median over the experts that saw tokens). Real LLMs' inputs have channels
+        hundreds of times the median; an importance matrix pays off where this is large."""
+        peaks = {}
+        for name, v in self.values.items():
+            c = self.counts[name]
+            rows = v.reshape(len(c), -1)[c > 0]
+            if len(rows):
+                med = np.maximum(np.median(rows, axis=1), np.finfo(np.float32).tiny)
+                peaks[name] = float(np.median(rows.max(axis=1) / med))
+        return peaks
+
     def summary(self) -> str:
         unseen = self.unseen_experts()
         n_exp = sum(c.size for n, c in self.counts.items() if c.size > 1)
         lines = [f"{len(self.values)} tensors, {self.chunk_count} chunks of {self.chunk_size} tokens"
                  + (f" from {', '.join(self.datasets)}" if self.datasets else "")]
+        peaks = self.channel_peaks()
+        if peaks:
+            top = max(peaks, key=peaks.get)
+            lines.append(f"input channels: the largest carries {np.median(list(peaks.values())):.0f}x the median "
+                         f"channel's energy (median over tensors; {peaks[top]:.0f}x in {top})")
         if unseen:
             lines.append(f"warning: {sum(unseen.values())} of {n_exp} expert slots in {len(unseen)} tensors saw "
                          "no calibration token and get uniform importance (more or more varied text fixes it): "

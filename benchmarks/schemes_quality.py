@@ -8,6 +8,11 @@ f32 model (mean, 99th percentile), top-1 agreement, RMS Δp. Prints a Markdown t
 
     python benchmarks/schemes_quality.py --dir /tmp/quality
     python benchmarks/schemes_quality.py --schemes q4_k_m,ds-q4 --json out.json
+    python benchmarks/schemes_quality.py --outliers 16   # the same model with real LLMs' outlier channels
+
+--outliers F first rewrites the checkpoint into its equivalent whose products' inputs have a few
+channels F times larger (tests/fixtures/outlier_channels.py): the same logits in float, the
+quantization problem of a real model, where importance matrices matter.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=128, help="Tokens per chunk (eval and imatrix).")
     ap.add_argument("--dir", default="/tmp/schemes-quality")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--outliers", type=float, default=None, metavar="F",
+                    help="Quantize the checkpoint's equivalent with outlier channels F times larger.")
     a = ap.parse_args()
     from deepseek_cpu.conversion.convert import convert
     from deepseek_cpu.quantization.evaluate import evaluate
@@ -35,6 +42,11 @@ def main() -> None:
     from deepseek_cpu.quantization.quantize import quantize
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
+    if a.outliers:
+        sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+        from outlier_channels import amplify_checkpoint
+        amplify_checkpoint(a.checkpoint, d / f"checkpoint-x{a.outliers:g}", factor=a.outliers)
+        a.checkpoint = d / f"checkpoint-x{a.outliers:g}"
     ref = convert(a.checkpoint, d / "f32.gguf", outtype="f32", progress=False)
     src = convert(a.checkpoint, d / "bf16.gguf", outtype="bf16", progress=False)
     imx = make_imatrix(src, a.calibration, d / "imatrix.gguf", ctx=a.ctx, progress=False)

@@ -288,7 +288,7 @@ def test_an_imatrix_lowers_q4_k_m_kld_by_a_tenth_where_inputs_have_outlier_chann
     imatrix = tmp_path / "imatrix.gguf"
     r = _cli("imatrix", bf16, "--text", text / "calibration.txt", "-o", imatrix, "--ctx", 128, "--quiet")
     assert r.exit_code == 0, r.output
-    # it says so: the trained model's largest input channel carries ~4x the median's energy
+    # and the imatrix shows it: peaks in the hundreds here (665x), 4x on the trained model as trained
     peak = re.search(r"input channels: the largest carries (\d+)x", r.output)
     assert peak and int(peak.group(1)) >= 100, r.output
     kld = {}

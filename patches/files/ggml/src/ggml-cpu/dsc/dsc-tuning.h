@@ -38,6 +38,12 @@
 #ifndef GGML_DSC_GEMV_STREAMS
 #define GGML_DSC_GEMV_STREAMS 4
 #endif
+// The decode GEMVs read GGML_DSC_GEMV_STREAMS regions at once where this returns that, one where it
+// returns 1: chosen per CPU at run time (dsc/gemv-streams.c).
+#ifdef __cplusplus
+extern "C"
+#endif
+int ggml_dsc_gemv_streams(void);
 // Bytes ahead of its loads a decode GEMV software-prefetches its weights (also walks the page
 // tables ahead, which the hardware streamer does not do across 4 KB pages).
 #ifndef GGML_DSC_GEMV_PREFETCH

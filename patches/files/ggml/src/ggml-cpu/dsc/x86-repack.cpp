@@ -85,7 +85,8 @@ static inline void ggml_dsc_q4_0_prep_rows(const block_q8_0x4 & a, int m0, __m25
     }
 }
 
-static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+template <int NS>
+static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     const int nb = n / QK8_0;
 
     const block_q4_0x8 * b_ptr_start = (const block_q4_0x8 *) vx;
@@ -157,7 +158,6 @@ static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, 
             // waits on memory latency, and with more lines in flight the arithmetic also overlaps more of
             // the wait (benchmarks/gemv_stream.cpp, AMX Xeon, 2 threads from DRAM: 30-32 -> 35-37 GB/s).
             // Each group's sums are the same as one at a time.
-            constexpr int NS = GGML_DSC_GEMV_STREAMS;
             const int ng  = nc / 8;
             const int per = (ng + NS - 1) / NS; // groups per stream; only the last streams can run short
             for (int x = 0; x < per; x++) {
@@ -190,6 +190,15 @@ static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, 
                 }
             }
         }
+    }
+}
+
+// GGML_DSC_GEMV_STREAMS or one stream, as ggml_dsc_gemv_streams() says (dsc/gemv-streams.c)
+static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+    if (ggml_dsc_gemv_streams() == 1) {
+        gemv_q4_0_8x4u_q8_0_avx2_ns<1>(n, s, bs, vx, vy, nr, nc);
+    } else {
+        gemv_q4_0_8x4u_q8_0_avx2_ns<GGML_DSC_GEMV_STREAMS>(n, s, bs, vx, vy, nr, nc);
     }
 }
 
@@ -667,7 +676,8 @@ static inline __m256i ggml_dsc_q4_K_row_mins(const __m128i dec[8], const int16_t
 // the row in one maddubs. The integer sums are exact, and the float steps are the stock kernel's
 // (isum x (d x d_a) and mins x (dmin x d_a) accumulated super-block by super-block, subtracted at the
 // end), so results are those of 0020's kernel on the 8x8 layout.
-static void gemv_q4_K_8x4u_q8_K_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+template <int NS>
+static void gemv_q4_K_8x4u_q8_K_avx2_ns(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     const int nb = n / QK_K;
 
     const block_q4_Kx8 * b_ptr_start = (const block_q4_Kx8 *) vx;
@@ -715,7 +725,6 @@ static void gemv_q4_K_8x4u_q8_K_avx2(int n, float * GGML_RESTRICT s, size_t bs, 
 
         // GGML_DSC_GEMV_STREAMS column groups at a time from as many even parts of the groups, as in the
         // q4_0 GEMV above: that many memory streams per thread, each group's sums unchanged
-        constexpr int NS = GGML_DSC_GEMV_STREAMS;
         const int ng  = nc / 8;
         const int per = (ng + NS - 1) / NS;
         for (int x = 0; x < per; x++) {
@@ -736,6 +745,15 @@ static void gemv_q4_K_8x4u_q8_K_avx2(int n, float * GGML_RESTRICT s, size_t bs, 
                 _mm256_storeu_ps(s + (int64_t) y * bs + (x + t * per) * 8, _mm256_sub_ps(acc[t], accm[t]));
             }
         }
+    }
+}
+
+// GGML_DSC_GEMV_STREAMS or one stream, as ggml_dsc_gemv_streams() says (dsc/gemv-streams.c)
+static void gemv_q4_K_8x4u_q8_K_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+    if (ggml_dsc_gemv_streams() == 1) {
+        gemv_q4_K_8x4u_q8_K_avx2_ns<1>(n, s, bs, vx, vy, nr, nc);
+    } else {
+        gemv_q4_K_8x4u_q8_K_avx2_ns<GGML_DSC_GEMV_STREAMS>(n, s, bs, vx, vy, nr, nc);
     }
 }
 #endif

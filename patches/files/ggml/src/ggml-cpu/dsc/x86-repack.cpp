@@ -153,7 +153,7 @@ static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
                 return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(col_scale, rsc[bb]), acc);
             };
 
-            // GGML_DSC_GEMV_STREAMS column groups at a time, one from each of that many even parts of the
+            // NS column groups at a time (GGML_DSC_GEMV_STREAMS or 1), one from each of that many even parts of the
             // call's groups, so each thread reads that many regions of memory at once: one stream per core
             // waits on memory latency, and with more lines in flight the arithmetic also overlaps more of
             // the wait (benchmarks/gemv_stream.cpp, AMX Xeon, 2 threads from DRAM: 30-32 -> 35-37 GB/s).
@@ -723,7 +723,7 @@ static void gemv_q4_K_8x4u_q8_K_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
             accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) w.dmin)), row_d), accm);
         };
 
-        // GGML_DSC_GEMV_STREAMS column groups at a time from as many even parts of the groups, as in the
+        // NS column groups at a time (GGML_DSC_GEMV_STREAMS or 1) from as many even parts of the groups, as in the
         // q4_0 GEMV above: that many memory streams per thread, each group's sums unchanged
         const int ng  = nc / 8;
         const int per = (ng + NS - 1) / NS;

@@ -64,6 +64,7 @@ _CDN = re.compile(r"^/repos/[0-9a-f]{2}/[0-9a-f]{2}/(?P<sha256>[0-9a-f]{64})$")
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz", ".gguf", ".h5", ".msgpack")
 LFS_MIN_SIZE = 10 * 1000 * 1000  # the hub refuses plain git files above 10 MB
 URL_TTL = 3600  # seconds a signed CDN URL stays valid
+clock = time.monotonic  # the rate limiter's clock (a test may set it to a reading of its choice)
 
 
 class Request(NamedTuple):
@@ -283,13 +284,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _rate_limited(self, f: str, head: bool) -> bool:
         with self.hub._lock:
-            now = time.monotonic()
+            now = clock()
             if f in self.hub.rate_limit_once:
-                self.hub._limited_until = now + self.hub.rate_limit_once.pop(f)
-            wait = self.hub._limited_until - now
-        if wait <= 0:
-            return False
-        s = math.ceil(wait)
+                # the refusal that opens the window says exactly the window: (now + s) - now
+                # is not s in floating point, and ceil() of 3600.0000000000005 said 3601
+                s = self.hub.rate_limit_once.pop(f)
+                self.hub._limited_until = now + s
+            else:
+                wait = self.hub._limited_until - now
+                if wait <= 0:
+                    return False
+                s = max(1, math.ceil(wait - 1e-6))  # the whole seconds left, as a real limiter counts
         self._error(429, "RateLimited", "You have exceeded our rate limit for resolvers; retry later", head,
                     {"Retry-After": str(s), "RateLimit": f'"resolvers";r=0;t={s}',
                      "RateLimit-Policy": '"fixed window";"resolvers";q=3000;w=300'})

@@ -411,6 +411,17 @@ def test_a_long_rate_limit_ends_the_pull_with_a_clear_message(hub):
     assert sum(r.status == 429 for r in hub.requests) == 1  # no retry into the window
 
 
+def test_the_hub_stand_in_says_the_window_it_was_given(hub, monkeypatch):
+    # At some clock readings (t + 3600) - t is 3600.0000000000005 in floating point: the stand-in
+    # once rounded that up and said "Retry-After: 3601", and the test above failed at random
+    import hubserver
+    monkeypatch.setattr(hubserver, "clock", lambda: 1000.1)
+    assert (1000.1 + 3600) - 1000.1 > 3600  # the reading that went wrong
+    hub.rate_limit_once[SHARD1] = 3600
+    res = pull("--quant", "q8_0")
+    assert res.exit_code == 1 and "rate-limits this client for 3600 s" in res.output, res.output
+
+
 def test_files_finished_by_an_interrupted_run_are_not_fetched_again(hub):
     # A killed run leaves its finished files in the HF cache, whoever downloaded them.
     from huggingface_hub import hf_hub_download

@@ -339,3 +339,16 @@ def test_unplantable_skew_is_a_clear_error(tmp_path):
         synth.synthesize(tmp_path / "x.gguf", "v2-lite", "q4_0", layers=2, tokenizer="offline", progress=False,
                          routing=routing.Routing("skewed", 0.9))
     assert not list(tmp_path.iterdir())
+
+
+def test_output_mode_follows_the_umask(tmp_path):
+    """The finished file has the mode a plain open() gives under the user's umask, as convert's
+    has: a model one user or container makes, another can read (mkstemp's 0600 did not)."""
+    old = os.umask(0o002)  # 0664: neither mkstemp's 0600 nor the usual 0644 by chance
+    try:
+        out = synth.synthesize(tmp_path / "x.gguf", "v2-lite", "q4_0", layers=1, tokenizer="bytes",
+                               progress=False)
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o664, oct(out.stat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.gguf"]  # and no partial file left beside it

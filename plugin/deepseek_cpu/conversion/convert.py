@@ -25,13 +25,13 @@ import errno
 import json
 import logging
 import os
-import secrets
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 from .. import plugins
+from ..atomic import partial_path
 from ..converters.base import OUTTYPES, ConversionError, EncodedBlocks, UnsupportedArchitecture, encode_pieces
 from ..converters.checkpoint import CheckpointError
 from ..converters.quantized import UnsupportedQuantization, open_checkpoint
@@ -111,10 +111,7 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
         raise ConversionError(f"{out_dir}: output directory does not exist")
     if out_path.is_dir():
         raise ConversionError(f"{out_path}: is a directory; give the output file's name")
-    # a private name next to the output (same file system, so the final rename is atomic),
-    # created with the mode a plain open() gives (mkstemp's would be 0600)
-    tmp = out_dir / f".{out_path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    tmp = partial_path(out_path)
     writer = gguf.GGUFWriter(None, conv.arch)
     try:
         writer.add_file_type(int(_file_type(outtype, plans)))

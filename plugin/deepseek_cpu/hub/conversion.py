@@ -8,7 +8,6 @@ llama_cpp are imported inside the functions: importing this module loads neither
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..errors import DeepseekCpuError
@@ -40,17 +39,6 @@ def convert_snapshot(snapshot: Path, out: Path, quant: str, progress: bool, verb
                           verbose=verbose, say=say)
     except DeepseekCpuError as e:  # any converter or quantizer error (the root spares a list to keep in step)
         raise PullError(f"conversion failed: {e}") from None
-    _public_mode(out)
-
-
-def _public_mode(path: Path) -> None:
-    """convert() writes through mkstemp (mode 0600); a cache file should follow the umask."""
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(path, 0o666 & ~mask)
-    except OSError:
-        pass
 
 
 def quantize(src: Path, out: Path, quant: str, verbose: bool = False, progress: bool = True,

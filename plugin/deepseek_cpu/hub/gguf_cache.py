@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from .. import __version__
+from ..atomic import write_text
 from ..cache import cache_root
 
 # every module of the pull logs as "deepseek_cpu.hub", the one logger the pull has always
@@ -53,7 +53,7 @@ def reusable(out: Path, record: Path, repo: str, sha: str, quant: str) -> bool:
 
 
 def write_record(path: Path, data: dict) -> None:
-    atomic_text(path, json.dumps(data, indent=2))
+    write_text(path, json.dumps(data, indent=2))
 
 
 def ref_path(repo: str, revision: str) -> Path:
@@ -68,13 +68,6 @@ def write_ref(repo: str, revision: str, sha: str) -> None:
         if p.is_file() and p.read_text().strip() == sha:
             return  # unchanged: a cached pull writes nothing
         p.parent.mkdir(parents=True, exist_ok=True)
-        atomic_text(p, sha)
+        write_text(p, sha)
     except OSError as e:  # the ref is a convenience for offline use only
         log.warning("could not record %s@%s -> %s: %s", repo, revision, sha, e)
-
-
-def atomic_text(path: Path, text: str) -> None:
-    # a temporary name and a rename: a reader never sees half a record
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -27,7 +27,7 @@ def test_plugins_lists_builtins_with_their_hooks():
     r = cli("plugins", "--json")
     rows = {p["name"]: p for p in json.loads(r.stdout)}
     assert "deepseek_cpu_converter" in rows["deepseek_cpu.converters.deepseek"]["hooks"]
-    assert "deepseek_cpu_register_commands" in rows["deepseek_cpu.tools.demo"]["hooks"]
+    assert "deepseek_cpu_register_commands" in rows["deepseek_cpu.commands.demo"]["hooks"]
 
 
 def test_info_shows_the_series_hash_and_one_patch_per_line():

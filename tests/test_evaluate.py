@@ -161,13 +161,7 @@ def test_matches_llama_perplexity(models, text, llama_perplexity_results, quant)
 
 @pytest.fixture(scope="module")
 def cli():
-    import click
-
     from deepseek_cpu.cli import cli as group
-    # until plugins.DEFAULT_PLUGINS lists deepseek_cpu.quantization.evaluate, add the command
-    # here, through the same hook the plugin manager calls
-    if group.get_command(click.Context(group), "eval") is None:
-        ev.deepseek_cpu_register_commands(cli=group)
     return group
 
 

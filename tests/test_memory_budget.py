@@ -69,6 +69,16 @@ def test_budgeted_model_gives_the_same_logits(gguf):
     assert prefetch.file_mapping(layout.path) is not None
 
 
+def test_a_budgeted_load_reads_the_header_once(gguf, monkeypatch):
+    """The context, the budget plan and the layout all come from one reading of the GGUF's header
+    (a real model's has a 100k-token vocabulary to walk)."""
+    from deepseek_cpu import Llama, gguf_header
+    reads, parse = [], gguf_header._parse
+    monkeypatch.setattr(gguf_header, "_parse", lambda *a: reads.append(a[0]) or parse(*a))
+    Llama(gguf, mem_budget="1G", verbose=False).close()
+    assert len(reads) == 1, reads
+
+
 def _anonymous_kib() -> int:
     for line in open("/proc/self/smaps_rollup"):
         if line.startswith("Anonymous:"):

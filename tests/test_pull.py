@@ -486,7 +486,7 @@ def test_pull_is_listed_as_a_builtin_plugin_command():
     res = CliRunner().invoke(cli, ["--help"])
     assert "pull" in res.output
     from deepseek_cpu.plugins import describe
-    assert any(r["name"] == "deepseek_cpu.hub.command" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
+    assert any(r["name"] == "deepseek_cpu.commands.pull" and "deepseek_cpu_register_commands" in r["hooks"] for r in describe())
 
 
 # the hub package and each of its modules, found on disk: a module added later is covered too

@@ -62,7 +62,7 @@ def _param(command: str, option: str):
 
 def test_cli_choices_are_the_registrys():
     from deepseek_cpu.quantization import registry
-    from deepseek_cpu.quantization.registry import SchemeName
+    from deepseek_cpu.commands.options import SchemeName
     p = _param("convert", "outtype")
     assert tuple(p.type.choices) == qt.DIRECT
     # every scheme name (built-in types, DeepSeek mixes, plugins') is taken by every command

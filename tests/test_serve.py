@@ -48,6 +48,27 @@ def test_dry_run_shows_our_defaults(gguf):
     assert args[args.index("-t") + 1] == str(default_threads())
 
 
+def test_the_parent_reads_the_header_once_and_never_loads_the_engine(gguf):
+    """`serve` sizes the slots' context, plans a memory budget and reads ahead from one reading of
+    the GGUF's header, and runs llama-server without loading libllama into its own process."""
+    code = ("import sys\n"
+            "from deepseek_cpu import gguf_header\n"
+            "reads, parse = [], gguf_header._parse\n"
+            "gguf_header._parse = lambda *a: reads.append(a[0]) or parse(*a)\n"
+            "from deepseek_cpu.cli import cli\n"
+            "from deepseek_cpu.runtime import serve\n"
+            "serve.run_server = lambda *a, **k: 0  # everything up to starting the server\n"
+            "try:\n"
+            f"    cli.main(['serve', {str(gguf)!r}, '--mem-budget', '4G'], standalone_mode=False)\n"
+            "except SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            "print(len(reads), sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp'\n"
+            "                         or m == 'deepseek_cpu.runtime.llama'))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["1", "[]"], r.stdout
+
+
 def test_health_and_metrics(server):
     with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
         assert r.status == 200

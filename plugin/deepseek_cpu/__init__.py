@@ -5,14 +5,17 @@ defaults; `deepseek_cpu.convert(...)` turns a Hugging Face checkpoint into a GGU
 `deepseek_cpu.quantize(...)` quantizes one by a scheme (`deepseek_cpu.Scheme`).
 Attributes are loaded lazily so that `import deepseek_cpu` stays cheap.
 
-The package, one folder per concern (cli.py holds the core commands, then asks the
-deepseek_cpu_register_commands hook; plugins.py registers the built-ins like any plugin):
-    runtime/       the engine, the drop-in Llama, its log callback, resources, serve, chat
-    conversion/    a Hugging Face checkpoint to a GGUF through the converter plugins
+The package, one folder per concern, each importing only the ones above it in this list
+(tests/test_house.py checks it):
+    errors, atomic, cache, gguf_header, hookspecs, plugins, _dropin   the foundations
     converters/    the built-in DeepSeek converter (a plugin; top-level converters/ in the repo)
-    quantization/  types, schemes (a registry fed by the hook), quantize, imatrix
-    hub/           from a hub repo to a ready GGUF: download, convert, quantize, cache; `pull`
+    quantization/  types, schemes (a registry fed by the hook), quantize, imatrix, evaluate
+    conversion/    a Hugging Face checkpoint to a GGUF through the converter plugins
+    runtime/       the engine, the drop-in Llama, resources, memory budgets, RPC, llama-server
+    hub/           from a hub repo to a ready GGUF: download, convert, quantize, cache
     tools/         bench, synth, the stock llama.cpp build, demo
+    commands/      the `deepseek-cpu` commands, each a built-in plugin (the only click users
+                   besides cli.py, the command group)
     data/          the demo model
 """
 from __future__ import annotations

@@ -6,8 +6,11 @@ known through the `deepseek_cpu` entry-point group of its distribution:
     [project.entry-points.deepseek_cpu]
     my_arch = "my_package.plugin"
 
-The built-in features (the DeepSeek converter, the quantization schemes, and the commands
-schemes, quantize, imatrix, eval, demo, pull, synth, bench, serve, chat; the prefetch policies) register through the same hooks, listed in deepseek_cpu.plugins.DEFAULT_PLUGINS.
+The built-in features register through the same hooks, listed in
+deepseek_cpu.plugins.DEFAULT_PLUGINS: the DeepSeek converter (converters/deepseek.py), the
+quantization schemes (quantization/builtin.py), the prefetch policies (runtime/prefetch.py) and
+every command, one module per job under commands/ (info, plugins, convert, run, chat, serve,
+rpc-worker, experts, pull, schemes, quantize, imatrix, eval, demo, synth, bench).
 docs/plugins.md has a runnable example for each hook.
 """
 from __future__ import annotations
@@ -80,4 +83,5 @@ def deepseek_cpu_prefetch_policies() -> dict[str, Any]:
 
 @hookspec
 def deepseek_cpu_register_commands(cli: Any) -> None:
-    """Add click commands to the `deepseek-cpu` command group."""
+    """Add click commands to the `deepseek-cpu` command group (`cli.add_command(...)`), as every
+    built-in command module does (commands/)."""

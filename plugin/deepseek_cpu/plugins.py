@@ -13,14 +13,12 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 # Built-in plugins, registered exactly like external ones.
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
-    "deepseek_cpu.quantization.builtin", "deepseek_cpu.quantization.commands",
-    "deepseek_cpu.quantization.evaluate",
-    "deepseek_cpu.tools.demo",
-    "deepseek_cpu.hub.command",
-    "deepseek_cpu.tools.synth",
-    "deepseek_cpu.tools.bench",
-    "deepseek_cpu.runtime.serve", "deepseek_cpu.runtime.rpc_worker", "deepseek_cpu.runtime.chat", "deepseek_cpu.runtime.experts",
+    "deepseek_cpu.quantization.builtin",
     "deepseek_cpu.runtime.prefetch",
+    # the commands, one module per job (commands/)
+    *(f"deepseek_cpu.commands.{name}" for name in (
+        "info", "convert", "run", "chat", "serve", "rpc_worker", "experts", "pull", "quantize", "eval",
+        "demo", "synth", "bench")),
 )
 
 pm = pluggy.PluginManager(hookspecs.PROJECT)

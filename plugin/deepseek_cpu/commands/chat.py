@@ -77,7 +77,7 @@ def _ctx_full(llm) -> bool:
 @terminal_options
 def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
-    from .llama import open_for_terminal
+    from ..runtime.llama import open_for_terminal
     llm = open_for_terminal(model, threads, n_ctx, mem_budget, prefetch)
     click.echo(f"chatting with {model} (n_ctx {llm.n_ctx()}); /reset, /exit", err=True)
     chat_loop(llm, iter(sys.stdin), system=system, max_tokens=max_tokens, temperature=temperature)

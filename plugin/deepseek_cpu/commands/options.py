@@ -1,11 +1,14 @@
-"""Command-line options shared by several commands: those that open a model in this process (run,
-chat), and --cpus (serve, rpc-worker). Kept apart from runtime/llama.py, which imports llama_cpp:
-the CLI imports this at start-up."""
+"""Command-line options and parameter types shared by several commands: those that open a model
+in this process (run, chat), --cpus (serve, rpc-worker), and a quantization scheme's name. Light
+to import (no llama_cpp): the CLI imports this at start-up."""
 from __future__ import annotations
 
 import os
 
 import click
+
+from ..quantization.registry import UnknownScheme, get as get_scheme
+from ..quantization.schemes import Scheme
 
 
 def cpu_set_option(cpus: str | None) -> set[int] | None:
@@ -13,7 +16,7 @@ def cpu_set_option(cpus: str | None) -> set[int] | None:
     outside this process's affinity is a usage error naming the option."""
     if not cpus:
         return None
-    from .resources import parse_cpu_list
+    from ..runtime.resources import parse_cpu_list
     try:
         cpu_set = parse_cpu_list(cpus)
     except ValueError as e:
@@ -38,3 +41,20 @@ def terminal_options(command):
     )):
         command = option(command)
     return command
+
+
+class SchemeName(click.ParamType):
+    """A click parameter taking any registered scheme name (plugins' included), checked when
+    the command runs: the registry is not complete while commands are being registered."""
+    name = "scheme"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "SCHEME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Scheme):
+            return value.name
+        try:
+            return get_scheme(value).name
+        except UnknownScheme as e:
+            self.fail(str(e), param, ctx)

@@ -1,4 +1,4 @@
-"""`deepseek-cpu pull REPO --quant q4_k_m`: a hub repo to a ready GGUF (built-in plugin)."""
+"""`deepseek-cpu pull REPO --quant q4_k_m`: a hub repo to a ready GGUF."""
 from __future__ import annotations
 
 import sys
@@ -7,9 +7,9 @@ import time
 import click
 
 from ..quantization import types as quant_types
-from ..quantization.registry import SchemeName
 from ..hookspecs import hookimpl
-from .pipeline import pull
+from ..hub.pipeline import pull
+from .options import SchemeName
 
 
 @click.command("pull")

@@ -1,4 +1,4 @@
-"""`deepseek-cpu schemes`, `quantize` and `imatrix` (built-in plugin)."""
+"""`deepseek-cpu schemes`, `quantize` and `imatrix`."""
 from __future__ import annotations
 
 import json
@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from ..hookspecs import hookimpl
-from .registry import SchemeName
+from .options import SchemeName
 
 
 def reference_bits_per_weight(scheme, shape: str = "v2-lite") -> float:
     """Bits per weight `scheme` gives the real `shape` model's tensors (predicted, no file)."""
-    from ..tools.synth import converter_plan, real_config
+    from ..tools.shapes import converter_plan, real_config
     cfg = real_config(shape)
     _conv, specs = converter_plan(cfg)
     import gguf
@@ -27,7 +27,7 @@ def reference_bits_per_weight(scheme, shape: str = "v2-lite") -> float:
 def schemes_cmd(as_json):
     """List the quantization schemes (built-in and from plugins), with bits per weight on
     DeepSeek-V2-Lite's tensors ("~": llama.cpp's recipe for that type is approximated)."""
-    from .registry import schemes
+    from ..quantization.registry import schemes
     rows = []
     for s in schemes().values():
         rows.append({"name": s.name, "bits_per_weight": round(reference_bits_per_weight(s), 2),
@@ -60,7 +60,7 @@ def schemes_cmd(as_json):
 @click.option("--verbose", is_flag=True, help="Show llama.cpp's quantization log.")
 def quantize_cmd(src, out, scheme, imatrix, tensor_types, allow_requantize, threads, quiet, verbose):
     """Quantize GGUF SRC (bf16/f16/f32) into OUT by a scheme, with llama.cpp's quantizer."""
-    from .quantize import quantize
+    from ..quantization.quantize import quantize
     try:
         r = quantize(src, out, scheme, imatrix=imatrix, tensor_types=tensor_types,
                      allow_requantize=allow_requantize, nthread=threads, progress=not quiet, verbose=verbose)
@@ -83,7 +83,7 @@ def quantize_cmd(src, out, scheme, imatrix, tensor_types, allow_requantize, thre
 def imatrix_cmd(model, text, out, ctx, chunks, threads, quiet):
     """An importance matrix for quantizing MODEL, from calibration text: llama.cpp's
     llama-imatrix, with per-expert statistics for the routed experts."""
-    from .imatrix import make_imatrix
+    from ..quantization.imatrix import make_imatrix
     t0 = time.time()
     try:
         m = make_imatrix(model, text, out, ctx=ctx, chunks=chunks, threads=threads, progress=not quiet)

@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import DeepseekCpuError
-from ..hookspecs import hookimpl
 
 DEFAULT_CTX = 512  # llama-perplexity's default -c
 MIN_CTX = 4        # below this the scored half of a chunk is empty or a single token
@@ -294,29 +293,3 @@ def format_table(r: EvalResult) -> str:
     head = (f"{Path(r.model).name} against {Path(r.reference).name} on {Path(r.text).name}: "
             f"{r.n_chunks} chunks of {r.n_ctx} tokens, {r.n_scored} tokens scored")
     return "\n".join([head] + [f"{a.ljust(w0)}  {b.rjust(w1)}" + (f" ± {c}" if c else "") for a, b, c in rows])
-
-
-@hookimpl
-def deepseek_cpu_register_commands(cli):
-    import json
-
-    import click
-
-    @cli.command("eval")
-    @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-    @click.option("--ref", "ref", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                  help="The reference GGUF (the f16/bf16/q8_0 of the same model).")
-    @click.option("--text", "text", required=True, type=click.Path(dir_okay=False, path_type=Path),
-                  help="The text to evaluate on (e.g. wiki.test.raw).")
-    @click.option("--ctx", "n_ctx", type=int, default=None,
-                  help=f"Tokens per chunk (default {DEFAULT_CTX}, or the models' context if smaller).")
-    @click.option("--chunks", "max_chunks", type=int, default=None, help="Evaluate at most this many chunks.")
-    @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
-    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (probabilities as fractions).")
-    @click.option("--quiet", is_flag=True, help="No progress bar.")
-    def eval_cmd(model, ref, text, n_ctx, max_chunks, threads, as_json, quiet):
-        """Perplexity, KL divergence, top-1 agreement and RMS Δp of MODEL (a GGUF) against
-        --ref on --text, as llama-perplexity --kl-divergence computes them."""
-        res = evaluate(model, ref, text, n_ctx=n_ctx, max_chunks=max_chunks, threads=threads,
-                       progress=not quiet)
-        click.echo(json.dumps(res.to_dict(), indent=2) if as_json else format_table(res))

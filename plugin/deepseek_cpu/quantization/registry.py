@@ -6,8 +6,6 @@ read this one registry.
 """
 from __future__ import annotations
 
-import click
-
 from ..errors import DeepseekCpuError
 from .schemes import Scheme
 
@@ -49,19 +47,3 @@ def get(name: str) -> Scheme:
                             "(`deepseek-cpu schemes` describes them)")
     return known[key]
 
-
-class SchemeName(click.ParamType):
-    """A click parameter taking any registered scheme name (plugins' included), checked when
-    the command runs: the registry is not complete while commands are being registered."""
-    name = "scheme"
-
-    def get_metavar(self, param, ctx=None) -> str:
-        return "SCHEME"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, Scheme):
-            return value.name
-        try:
-            return get(value).name
-        except UnknownScheme as e:
-            self.fail(str(e), param, ctx)

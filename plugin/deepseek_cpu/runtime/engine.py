@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import _dropin
 from ..errors import DeepseekCpuError
+from .process_maps import mappings
 
 PACKAGE_LIB_DIR = Path(_dropin.LIB_DIR)
 
@@ -54,31 +55,33 @@ def build_info(lib: ctypes.CDLL | None = None) -> str | None:
 
 
 def mapped_libllama() -> str | None:
-    """The libllama file the dynamic loader mapped into this process (/proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if path.endswith("/libllama.so") or "/libllama.so." in path:
-                    return os.path.realpath(path)
-    except OSError:
-        pass
+    """The libllama file the dynamic loader mapped into this process."""
+    for m in mappings():
+        if m.path.endswith("/libllama.so") or "/libllama.so." in m.path:
+            return os.path.realpath(m.path)
     return None
 
 
 def mapped_cpu_backends() -> list[str]:
     """The CPU backend libraries (libggml-cpu*.so) mapped into this process."""
     found = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                name = os.path.basename(path)
-                if name.startswith("libggml-cpu") and ".so" in name and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
+    for m in mappings():
+        name = os.path.basename(m.path)
+        if name.startswith("libggml-cpu") and ".so" in name and m.path not in found:
+            found.append(m.path)
     return found
+
+
+def backend_function(name: str):
+    """The C function `name` of our CPU backend loaded in this process (the kernels' own entry
+    points: expert usage, read-ahead), or None where no loaded backend has it. The library is
+    already mapped: CDLL gives the same copy, with the same state."""
+    for path in mapped_cpu_backends():
+        try:
+            return getattr(ctypes.CDLL(path), name)
+        except AttributeError:
+            continue
+    return None
 
 
 def amx_status() -> str:
@@ -108,16 +111,26 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode()
 
 
-def cpu_flags() -> set[str]:
-    """The first CPU's /proc/cpuinfo flags (empty where there is none)."""
+def _cpuinfo(field: str) -> str:
+    """The first CPU's /proc/cpuinfo `field` ("" where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's /proc/cpuinfo flags (empty where there is none)."""
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_model() -> str:
+    """The CPU's name, as /proc/cpuinfo gives it ("" where it does not)."""
+    return _cpuinfo("model name")
 
 
 def cpu_features() -> list[str]:

@@ -17,12 +17,13 @@ last layer only for the tokens whose logits are wanted, so that layer counts onl
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import DeepseekCpuError
-from .engine import mapped_cpu_backends
+from .engine import backend_function
 
 
 class ExpertUsageUnavailable(DeepseekCpuError, RuntimeError):
@@ -30,17 +31,13 @@ class ExpertUsageUnavailable(DeepseekCpuError, RuntimeError):
 
 
 def _functions():
-    for path in mapped_cpu_backends():
-        lib = ctypes.CDLL(path)  # already mapped: the same copy, the same counters
-        try:
-            read, reset = lib.ggml_dsc_expert_usage, lib.ggml_dsc_expert_usage_reset
-        except AttributeError:
-            continue
-        read.restype, read.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int]
-        reset.restype, reset.argtypes = None, []
-        return read, reset
-    raise ExpertUsageUnavailable("no deepseek-cpu engine with expert-usage counters is loaded in this process "
-                                 "(load a model with deepseek_cpu.Llama first)")
+    read, reset = backend_function("ggml_dsc_expert_usage"), backend_function("ggml_dsc_expert_usage_reset")
+    if read is None or reset is None:
+        raise ExpertUsageUnavailable("no deepseek-cpu engine with expert-usage counters is loaded in this process "
+                                     "(load a model with deepseek_cpu.Llama first)")
+    read.restype, read.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int, ctypes.c_int]
+    reset.restype, reset.argtypes = None, []
+    return read, reset
 
 
 def read_counts(n_layer: int, n_expert: int) -> np.ndarray:
@@ -52,20 +49,19 @@ def read_counts(n_layer: int, n_expert: int) -> np.ndarray:
     return out
 
 
-def _prefetch_function(name: str):
-    for path in mapped_cpu_backends():
-        try:
-            return getattr(ctypes.CDLL(path), name)
-        except AttributeError:
-            continue
-    raise ExpertUsageUnavailable("no deepseek-cpu engine with expert prefetch is loaded in this process")
+def prefetch_function(name: str):
+    """One of the engine's expert read-ahead functions (dsc/expert-prefetch.c)."""
+    fn = backend_function(name)
+    if fn is None:
+        raise ExpertUsageUnavailable("no deepseek-cpu engine with expert prefetch is loaded in this process")
+    return fn
 
 
 def set_expert_prefetch(level: int) -> int:
     """How far the engine reads routed experts ahead, for this process (dsc/expert-prefetch.c):
     0 not at all, 1 each layer's chosen experts as soon as its router chose, 2 also the experts
     the next layer's router is predicted to choose. Returns the previous level."""
-    fn = _prefetch_function("ggml_dsc_expert_prefetch_set")
+    fn = prefetch_function("ggml_dsc_expert_prefetch_set")
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
     return int(fn(int(level)))
 
@@ -73,7 +69,7 @@ def set_expert_prefetch(level: int) -> int:
 def forget_expert_addresses() -> None:
     """Make the engine's read-ahead forget the weight addresses it learnt: before the model they
     belong to is freed (pre-gating reads the next layer's router from them)."""
-    fn = _prefetch_function("ggml_dsc_expert_prefetch_forget")
+    fn = prefetch_function("ggml_dsc_expert_prefetch_forget")
     fn.restype, fn.argtypes = None, []
     fn()
 
@@ -81,7 +77,7 @@ def forget_expert_addresses() -> None:
 def expert_prefetch_stats(reset: bool = False) -> dict:
     """Pre-gating so far: experts predicted, how many of them the router then chose, and how many
     it chose in the layers that had a prediction (hit rate = chosen_predicted / chosen)."""
-    fn = _prefetch_function("ggml_dsc_expert_prefetch_stats")
+    fn = prefetch_function("ggml_dsc_expert_prefetch_stats")
     fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
     out = (ctypes.c_uint64 * 3)()
     fn(out, int(reset))
@@ -183,34 +179,6 @@ def plot(usage: ExpertUsage, path: str | os.PathLike, title: str = "") -> None:
     plt.close(fig)
 
 
-def measure(model: str | os.PathLike, text: str | os.PathLike, ctx: int = 512, chunks: int | None = None,
-            threads: int | None = None, progress: bool = True) -> ExpertUsage:
-    """Evaluate `text` with `model` in chunks of `ctx` tokens (each from an empty cache) and
-    return the routings the engine counted."""
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from .llama import Llama
-    # logits_all: llama.cpp runs the last layer's FFN only for the tokens whose logits are asked
-    # for; every token's routing in every layer is what is wanted here
-    llm = Llama(str(model), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, logits_all=True, verbose=False,
-                **({"n_threads": threads, "n_threads_batch": threads} if threads else {}))
-    try:
-        data = Path(text).read_bytes()
-        tokens = llm.tokenize(data, add_bos=False, special=False)
-        pieces = [tokens[i:i + ctx] for i in range(0, len(tokens), ctx)][:chunks]
-        if not pieces:
-            raise DeepseekCpuError(f"{text}: no tokens to evaluate")
-        reset_expert_usage()
-        for piece in tqdm(pieces, unit="chunk", desc="experts", leave=False, disable=not progress):
-            llm.reset()
-            llm.eval(piece)
-        return llm.expert_usage()
-    finally:
-        llm.close()
-
-
 def summary(usage: ExpertUsage) -> str:
     n_expert = usage.counts.shape[1]
     top = usage.coverage(0.1)
@@ -224,39 +192,3 @@ def summary(usage: ExpertUsage) -> str:
                      f"#{e:<3} {100 * shares[i, e]:4.1f}%  {int(usage.unused()[i])}")
     lines.append(f"all    {100 * top.mean():6.1f}%  {100 * cov25.mean():6.1f}%   (uniform: 10.0%, 25.0%)")
     return "\n".join(lines)
-
-
-def _register(cli):
-    import json
-    from pathlib import Path
-
-    import click
-
-    @cli.command("experts")
-    @click.argument("model", type=click.Path(exists=True, dir_okay=False))
-    @click.option("--text", type=click.Path(exists=True, dir_okay=False), required=True, help="Text to route.")
-    @click.option("--ctx", type=int, default=512, show_default=True, help="Tokens per chunk.")
-    @click.option("--chunks", type=int, default=None, help="At most this many chunks.")
-    @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
-    @click.option("--png", type=click.Path(dir_okay=False), default=None,
-                  help="Write the layer x expert heatmap and coverage curves here (needs matplotlib).")
-    @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the counts here.")
-    @click.option("--quiet", is_flag=True, help="No progress bar.")
-    def experts_cmd(model, text, ctx, chunks, threads, png, json_out, quiet):
-        """Which routed experts MODEL uses on TEXT: routings per layer and expert, counted by
-        the engine; the share the most used experts take (coverage); a heatmap."""
-        usage = measure(model, text, ctx=ctx, chunks=chunks, threads=threads, progress=not quiet)
-        click.echo(summary(usage))
-        if json_out:
-            Path(json_out).write_text(json.dumps(usage.to_dict()))
-        if png:
-            plot(usage, png, title=f"{Path(model).name} on {Path(text).name}")
-            click.echo(f"wrote {png}")
-
-
-from ..hookspecs import hookimpl  # noqa: E402
-
-
-@hookimpl
-def deepseek_cpu_register_commands(cli):
-    _register(cli)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
 
 from .. import _dropin
 from ..quantization import types as quant_types
-from . import resources
+from . import memory_budget, resources
 
 _dropin.activate()
 
@@ -36,68 +35,19 @@ import llama_cpp  # noqa: E402  (after the drop-in has chosen the library)
 # where it has always been found.
 from .llama_log import _log_write, install_log_callback, safe_log_callback  # noqa: E402, F401
 
-MAX_DEFAULT_CTX = 32768
-MIN_DEFAULT_CTX = 512
+# sizing a context from the file's header: runtime/model_file.py (light: no libllama), where
+# `serve` reads it too; the names stay importable from here
+from .model_file import MAX_DEFAULT_CTX, MIN_DEFAULT_CTX, ModelShape, default_n_ctx, read_shape  # noqa: E402, F401
 
 
-@dataclass
-class ModelShape:
-    arch: str
-    n_layer: int
-    n_ctx_train: int
-    kv_bytes_per_token: int  # f16 KV cache
-    file_size: int
-
-
-def read_shape(path: str) -> ModelShape | None:
-    """The few GGUF keys needed to size a context (None if the file is unreadable)."""
-    import gguf
-    from ..gguf_header import read
-    try:
-        h = read(path)
-    except (OSError, ValueError):
-        return None
-
-    def val(key, default=None):
-        v = h.get(key)
-        return default if v is None or isinstance(v, str) else v
-
-    K = gguf.Keys
-    arch = h.arch
-    n_layer = int(val(K.LLM.BLOCK_COUNT.format(arch=arch), 0) or 0)
-    n_ctx_train = int(val(K.LLM.CONTEXT_LENGTH.format(arch=arch), 4096) or 4096)
-    kv_lora = val(K.Attention.KV_LORA_RANK.format(arch=arch))
-    if kv_lora is not None:
-        # MLA: one latent row (kv_lora + rope dims) per token and layer
-        per_layer = int(kv_lora) + int(val(K.Rope.DIMENSION_COUNT.format(arch=arch), 64))
-    else:
-        heads_kv = int(val(K.Attention.HEAD_COUNT_KV.format(arch=arch), 1) or 1)
-        per_layer = heads_kv * (int(val(K.Attention.KEY_LENGTH.format(arch=arch), 128)) +
-                                int(val(K.Attention.VALUE_LENGTH.format(arch=arch), 128)))
-    return ModelShape(arch, n_layer, n_ctx_train, 2 * per_layer * max(n_layer, 1), os.path.getsize(path))
-
-
-def default_n_ctx(shape: ModelShape | None, available: int | None = None, weights: int | None = None) -> int:
-    """weights: the bytes the weights take in memory (default: the file's size)."""
-    if shape is None:
-        return 4096
-    available = resources.available_memory() if available is None else available
-    budget = max(0, available - (shape.file_size if weights is None else weights)) // 4
-    fits = budget // max(shape.kv_bytes_per_token, 1)
-    n = min(shape.n_ctx_train, MAX_DEFAULT_CTX, max(fits, MIN_DEFAULT_CTX))
-    # a multiple of 256 (MIN_DEFAULT_CTX is one), never past the model's own context: a
-    # floor above a short training length only buys positions the model never saw
-    return n // 256 * 256 if n >= 256 else n
-
-
-def cpu_defaults(model_path: str, given: dict) -> dict:
+def cpu_defaults(model_path: str, given: dict, header=None) -> dict:
     out = {}
     if given.get("n_threads") is None:
         out["n_threads"] = resources.default_threads()
     if given.get("n_threads_batch") is None:
         out["n_threads_batch"] = given.get("n_threads") or out.get("n_threads")
     if "n_ctx" not in given:
-        out["n_ctx"] = default_n_ctx(read_shape(model_path))
+        out["n_ctx"] = default_n_ctx(read_shape(model_path, header))
     if "flash_attn" not in given:
         out["flash_attn"] = False
     return out
@@ -151,29 +101,33 @@ class Llama(llama_cpp.Llama):
                 from .rpc import RpcError
                 raise RpcError("rpc_servers and mem_budget cannot be combined (the workers hold the layers in memory)")
             from . import rpc
+            from ..gguf_header import read
+            header = read(model_path)  # once, for everything below
             if not args:
-                kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}), **kwargs}
-            self.rpc_split, params, keep = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True))
+                kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}, header),
+                          **kwargs}
+            load = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True), header)
+            self.rpc_split = load.split
             self._rpc_losses = rpc.losses()[0]
-            self._rpc_params = keep  # the device and override arrays model_params points to
-            with params:
+            self._rpc_load = load  # holds the device and override arrays the model's params point to
+            with load.params:
                 super().__init__(model_path, *args, **kwargs)
             return
-        budget = None
+        budget = header = None
         if mem_budget is not None:
-            from . import memory_budget
             size = memory_budget.parse_size(mem_budget)
             if kwargs.get("use_mmap") is False:
                 raise memory_budget.MemoryBudgetError("mem_budget runs the weights from the file mapping: "
                                                       "it cannot be combined with use_mmap=False")
-            shape = read_shape(model_path)
+            header = memory_budget.read_header(model_path)  # once, for everything below
+            shape = read_shape(model_path, header)
             if "n_ctx" not in kwargs and not args:
-                hot, _ = memory_budget.tensor_bytes(model_path)
+                hot, _ = memory_budget.tensor_bytes(model_path, header)
                 kwargs["n_ctx"] = default_n_ctx(shape, available=size, weights=hot)
             n_ctx = kwargs.get("n_ctx") or 512
-            budget = memory_budget.plan(model_path, size, (shape.kv_bytes_per_token if shape else 0) * n_ctx)
+            budget = memory_budget.plan(model_path, size, (shape.kv_bytes_per_token if shape else 0) * n_ctx, header)
         if not args:
-            kwargs = {**cpu_defaults(model_path, kwargs), **kwargs}
+            kwargs = {**cpu_defaults(model_path, kwargs, header), **kwargs}
         if budget is None:
             super().__init__(model_path, *args, **kwargs)
         else:
@@ -187,7 +141,7 @@ class Llama(llama_cpp.Llama):
             # says otherwise
             if not os.environ.get("DEEPSEEK_CPU_EXPERT_PREFETCH"):
                 experts.set_expert_prefetch(0 if prefetch == "none" else memory_budget.EXPERT_PREFETCH_LEVEL)
-            self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True))
+            self._prefetch(model_path, budget, prefetch, kwargs.get("verbose", True), header)
 
     def eval(self, tokens):
         """llama_cpp.Llama.eval; over RPC workers, a lost worker is an RpcWorkerLost, not garbage
@@ -216,11 +170,11 @@ class Llama(llama_cpp.Llama):
             return self._stream_length(result, full)
         return _as_length(result) if full.fired else result
 
-    def _prefetch(self, model_path, budget, policy, verbose):
+    def _prefetch(self, model_path, budget, policy, verbose, header):
         import atexit
         import weakref
         from . import prefetch
-        self.memory_layout = prefetch.layout(model_path)
+        self.memory_layout = prefetch.layout(model_path, header)
         prefetch.register_experts(self.memory_layout, budget.experts_per_token)
         self.memory_placement, self.memory_applied, name = prefetch.run_policy(policy, self.memory_layout, budget)
         if verbose:

@@ -22,15 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DeepseekCpuError
+from . import resources
 
 # the routed experts' stacked tensors; kept file-backed under a budget
 EXPERT_TENSORS = re.compile(r"\.ffn_(gate|up|down)_exps\.weight$")
+# the engine's switch: tensors whose name matches this regular expression stay in the file mapping
+# (read here for llama-server's environment; runtime/model_params.py sets it for one load)
+MAPPED_ENV = "DEEPSEEK_CPU_MAPPED"
 # the engine's read-ahead under a budget (dsc/expert-prefetch.c): 1 = each layer's chosen experts as
 # soon as its router chose. Level 2 adds the next layer's predicted ones (pre-gating): on V2-Lite
 # Q4_0 under a memory limit it predicted 80% of the experts, but the other 20% cost more disk reads
 # than the head start gained (decode 0.81-0.90x of level 1; docs/benchmarks.md), so it is opt-in.
 EXPERT_PREFETCH_LEVEL = 1
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 class MemoryBudgetError(DeepseekCpuError):
@@ -38,18 +41,8 @@ class MemoryBudgetError(DeepseekCpuError):
 
 
 def parse_size(text: str | int) -> int:
-    """'4G', '512M', '4.5GiB', '4096' (bytes) -> bytes."""
-    if isinstance(text, int):
-        if text <= 0:
-            raise MemoryBudgetError(f"memory budget must be positive, not {text}")
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise MemoryBudgetError(f"memory budget {text!r}: expected a size such as 4G, 512M or 4.5GiB")
-    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if n <= 0:
-        raise MemoryBudgetError(f"memory budget {text!r} must be positive")
-    return n
+    """A memory budget: '4G', '512M', '4.5GiB', '4096' (bytes) -> bytes; a MemoryBudgetError if not."""
+    return resources.parse_size(text, "memory budget", MemoryBudgetError)
 
 
 def gib(n: int) -> str:
@@ -80,7 +73,8 @@ class BudgetPlan:
                 f"{share:.0%} of them fit the page cache")
 
 
-def _header(model_path: str | Path):
+def read_header(model_path: str | Path):
+    """The GGUF's header, or a MemoryBudgetError saying the file cannot be planned for."""
     from ..gguf_header import read
     try:
         return read(model_path)
@@ -91,7 +85,7 @@ def _header(model_path: str | Path):
 def tensor_bytes(model_path: str | Path, header=None) -> tuple[int, int]:
     """(always-hot bytes, routed-expert bytes) of a GGUF's tensors."""
     hot = experts = 0
-    for t in (header or _header(model_path)).tensors:
+    for t in (header or read_header(model_path)).tensors:
         if EXPERT_TENSORS.search(t.name):
             experts += t.nbytes
         else:
@@ -99,10 +93,10 @@ def tensor_bytes(model_path: str | Path, header=None) -> tuple[int, int]:
     return hot, experts
 
 
-def plan(model_path: str | Path, budget: int, kv_cache: int) -> BudgetPlan:
+def plan(model_path: str | Path, budget: int, kv_cache: int, header=None) -> BudgetPlan:
     """Check that `budget` holds the always-hot set; raises MemoryBudgetError naming both sizes."""
     import gguf
-    h = _header(model_path)
+    h = header or read_header(model_path)
     hot, experts = tensor_bytes(model_path, h)
     k = h.get(gguf.Keys.LLM.EXPERT_USED_COUNT.format(arch=h.arch), 0)
     p = BudgetPlan(budget, hot, experts, kv_cache, int(k) if isinstance(k, int) else 0)
@@ -117,5 +111,4 @@ def plan(model_path: str | Path, budget: int, kv_cache: int) -> BudgetPlan:
 def server_env() -> dict[str, str]:
     """The same placement for llama-server: the routed experts stay in the file mapping, the rest
     placed as usual (runtime/model_params.py)."""
-    from .model_params import MAPPED_ENV
     return {MAPPED_ENV: EXPERT_TENSORS.pattern}

@@ -11,7 +11,7 @@ import os
 
 import llama_cpp
 
-MAPPED_ENV = "DEEPSEEK_CPU_MAPPED"
+from .memory_budget import MAPPED_ENV
 
 
 @contextlib.contextmanager

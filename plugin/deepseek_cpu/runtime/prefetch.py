@@ -27,78 +27,19 @@ with a warning.
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import json
-import os
-import re
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .memory_budget import EXPERT_TENSORS, BudgetPlan
+from ..atomic import write_text
+from .expert_pages import Applied, advise_file, apply, file_mapping, register_experts  # noqa: F401
+from .memory_budget import BudgetPlan
+from .model_layout import ModelLayout, Placement, Range, TensorInfo, layout  # noqa: F401
 
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-MADV_WILLNEED = 3
 SIDECAR_VERSION = 1
 DEFAULT_POLICY = "popular"
-
-
-@dataclass(frozen=True)
-class Range:
-    offset: int  # in the file
-    length: int
-    what: str    # tensor name, or "blk.N.ffn_gate_exps.weight[e]" for an expert's slice
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    offset: int
-    nbytes: int
-    layer: int | None
-    n_expert: int  # 0 unless a stacked routed-expert tensor
-
-    def expert_slice(self, e: int) -> Range:
-        per = self.nbytes // self.n_expert
-        return Range(self.offset + e * per, per, f"{self.name}[{e}]")
-
-
-@dataclass
-class ModelLayout:
-    path: Path
-    size: int
-    tensors: list[TensorInfo]
-    model_id: str
-
-    @property
-    def expert_tensors(self) -> list[TensorInfo]:
-        return [t for t in self.tensors if t.n_expert]
-
-
-@dataclass
-class Placement:
-    hot: list[Range] = field(default_factory=list)
-    warm: list[Range] = field(default_factory=list)
-
-    def bytes(self, which: str) -> int:
-        """Bytes of the `hot` or the `warm` ranges."""
-        return sum(r.length for r in getattr(self, which))
-
-
-def layout(path: str | os.PathLike) -> ModelLayout:
-    from ..gguf_header import read
-    header = read(path)
-    tensors, h = [], hashlib.sha256()
-    h.update(str(header.size).encode())
-    for t in header.tensors:
-        m = re.match(r"blk\.(\d+)\.", t.name)
-        n_expert = int(t.shape[-1]) if EXPERT_TENSORS.search(t.name) and len(t.shape) == 3 else 0
-        tensors.append(TensorInfo(t.name, t.offset, t.nbytes, int(m.group(1)) if m else None, n_expert))
-        h.update(f"{t.name}:{t.offset}:{t.nbytes}:{list(t.shape)};".encode())
-    return ModelLayout(Path(path), header.size, tensors, h.hexdigest()[:24])
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -185,134 +126,9 @@ def save_counts(model: ModelLayout, counts: dict[int, np.ndarray]) -> Path:
     merged = {k: (old[k] + v if k in old and old[k].shape == v.shape else v) for k, v in counts.items()}
     path = sidecar_path(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": SIDECAR_VERSION, "model_id": model.model_id, "file": model.path.name,
-                               "counts": {str(k): [int(x) for x in v] for k, v in merged.items()}}))
-    os.replace(tmp, path)
+    write_text(path, json.dumps({"version": SIDECAR_VERSION, "model_id": model.model_id, "file": model.path.name,
+                                 "counts": {str(k): [int(x) for x in v] for k, v in merged.items()}}))
     return path
-
-
-# -- the mechanism -----------------------------------------------------------------------------
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-def file_mapping(path: Path) -> tuple[int, int, int] | None:
-    """(start address, end address, file offset) of this process's mapping of `path`."""
-    st = os.stat(path)
-    best = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6:
-                continue
-            dev_major, dev_minor = (int(x, 16) for x in parts[3].split(":"))
-            if int(parts[4]) != st.st_ino or os.makedev(dev_major, dev_minor) != st.st_dev:
-                continue
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if best is None or hi - lo > best[1] - best[0]:
-                best = (lo, hi, int(parts[2], 16))
-    return best
-
-
-def _page_span(mapping, r: Range) -> tuple[int, int] | None:
-    lo, hi, off = mapping
-    a = lo + (r.offset - off)
-    b = a + r.length
-    a0, b0 = max(lo, a - a % PAGE), min(hi, b)
-    return (a0, b0 - a0) if b0 > a0 else None
-
-
-@dataclass
-class Applied:
-    locked: int = 0
-    warmed: int = 0
-    lock_refused: str | None = None
-
-
-def _within_experts(model: ModelLayout, ranges: list[Range]) -> list[Range]:
-    """The ranges inside the routed-expert tensors (the only ones used from the mapping)."""
-    import bisect
-    spans = sorted((t.offset, t.offset + t.nbytes) for t in model.expert_tensors)  # disjoint, as in the file
-    starts = [a for a, _ in spans]
-    out = []
-    for r in ranges:  # the span starting at or before the range must hold all of it
-        i = bisect.bisect_right(starts, r.offset) - 1
-        if i >= 0 and r.offset + r.length <= spans[i][1]:
-            out.append(r)
-    return out
-
-
-def apply(model: ModelLayout, placement: Placement) -> Applied:
-    """mlock the hot ranges (falling back to WILLNEED if refused), WILLNEED the warm ones."""
-    mapping = file_mapping(model.path)
-    done = Applied()
-    if mapping is None:
-        warnings.warn(f"{model.path} is not mapped in this process (use_mmap off?); no prefetch", stacklevel=2)
-        return done
-    libc = _libc()
-    for r in _within_experts(model, placement.hot):
-        span = _page_span(mapping, r)
-        if span is None:
-            continue
-        if done.lock_refused is None and libc.mlock(span[0], span[1]) == 0:
-            done.locked += span[1]
-            continue
-        if done.lock_refused is None:
-            done.lock_refused = os.strerror(ctypes.get_errno())
-            warnings.warn(f"mlock refused ({done.lock_refused}; see RLIMIT_MEMLOCK, `ulimit -l`): the experts to pin "
-                          f"are read ahead instead", stacklevel=2)
-        libc.madvise(span[0], span[1], MADV_WILLNEED)
-        done.warmed += span[1]
-    for r in _within_experts(model, placement.warm):
-        span = _page_span(mapping, r)
-        if span is not None and libc.madvise(span[0], span[1], MADV_WILLNEED) == 0:
-            done.warmed += span[1]
-    return done
-
-
-EXPERT_SLOTS = {"gate": 0, "up": 1, "down": 2}  # dsc/expert-prefetch.c's order
-
-
-def register_experts(model: ModelLayout, experts_per_token: int) -> int:
-    """Tell the engine where each routed-expert tensor lies in this process's mapping of the file,
-    so that its read-ahead works from the first graph (it would otherwise learn each layer's
-    addresses only after that layer's router had chosen). Returns the tensors registered."""
-    from .experts import _prefetch_function
-    mapping = file_mapping(model.path)
-    if mapping is None:
-        return 0
-    fn = _prefetch_function("ggml_dsc_expert_prefetch_weights")
-    fn.restype = None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_int64]
-    lo, hi, file_off = mapping
-    n = 0
-    for t in model.expert_tensors:
-        m = EXPERT_TENSORS.search(t.name)
-        addr = lo + (t.offset - file_off)
-        if t.layer is None or addr < lo or addr + t.nbytes > hi:
-            continue
-        fn(t.layer, EXPERT_SLOTS[m.group(1)], addr, t.nbytes // t.n_expert, t.n_expert, experts_per_token)
-        n += 1
-    return n
-
-
-def advise_file(model: ModelLayout, placement: Placement) -> int:
-    """For another process (llama-server): read the hot and warm ranges into the page cache with
-    posix_fadvise(WILLNEED) on the file. Nothing can be locked from outside; returns bytes advised."""
-    n = 0
-    fd = os.open(model.path, os.O_RDONLY)
-    try:
-        for r in _within_experts(model, placement.hot + placement.warm):
-            os.posix_fadvise(fd, r.offset, r.length, os.POSIX_FADV_WILLNEED)
-            n += r.length
-    finally:
-        os.close(fd)
-    return n
 
 
 def plan_policy(name: str | None, model: ModelLayout, budget: BudgetPlan) -> tuple[Placement, str]:

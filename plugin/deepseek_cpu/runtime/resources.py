@@ -2,7 +2,32 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from ..errors import DeepseekCpuError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class SizeError(DeepseekCpuError, ValueError):
+    """A size option that is not a positive size (4G, 512M, 4.5GiB, bytes)."""
+
+
+def parse_size(text: str | int, what: str = "size", error: type[Exception] = SizeError) -> int:
+    """'4G', '512M', '4.5GiB', '4096' (bytes) -> bytes; `error` names `what` was given wrong
+    (a memory budget, --mem, --rpc-local), so the message says which option it was."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise error(f"{what} must be positive, not {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise error(f"{what} {text!r}: expected a size such as 4G, 512M or 4.5GiB")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise error(f"{what} {text!r} must be positive")
+    return n
 
 
 def _own_cgroups(controller: str):

@@ -9,31 +9,26 @@ Retry-After; then llama-server starts again (a worker's disk cache spares resend
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import click
 
 from . import rpc
 
 LOST_EXIT = 75  # EX_TEMPFAIL: the status llama-server exits with when a worker is lost
 POLL_S = 1.0
 
-
-def default_ctx_per_slot(model: str) -> int:
-    from .llama import read_shape
-    from .serve import MAX_CTX_PER_SLOT
-    shape = read_shape(model)
-    return min(MAX_CTX_PER_SLOT, shape.n_ctx_train if shape else MAX_CTX_PER_SLOT)
+log = logging.getLogger(__name__)
 
 
-def server_args(model: str, spec: str, local: str | None, n_ctx: int) -> tuple[list[str], list[str], dict[str, str]]:
+def server_args(model: str, spec: str, local: str | None, n_ctx: int, header=None,
+                say=log.info) -> tuple[list[str], list[str], dict[str, str]]:
     """(endpoints, llama-server flags, its environment) for a split over the workers in spec."""
-    from .memory_budget import parse_size
+    from .resources import parse_size
     endpoints = rpc.parse_endpoints(spec)
-    split = rpc.plan_for(model, endpoints, parse_size(local) if local else 0, n_ctx)
-    click.echo(f"deepseek-cpu serve: split over {len(endpoints)} worker(s): {split.describe()}", err=True)
+    split = rpc.plan_for(model, endpoints, parse_size(local, "--rpc-local") if local else 0, n_ctx, header)
+    say(f"split over {len(endpoints)} worker(s): {split.describe()}")
     args = ["--rpc", ",".join(endpoints), "-ngl", str(split.n_gpu_layers),
             "--tensor-split", ",".join(f"{x:g}" for x in split.tensor_split),
             "--override-tensor", f"{rpc.OUTPUT_PATTERN}=CPU"]
@@ -79,7 +74,7 @@ def stand_in(host: str, port: int, timeout: float = 10.0) -> _StandIn:
     return server
 
 
-def wait_for_workers(workers: list[str], stop: list) -> bool:
+def wait_for_workers(workers: list[str], stop: list, say=log.info) -> bool:
     said = None
     while not stop:
         try:
@@ -89,23 +84,23 @@ def wait_for_workers(workers: list[str], stop: list) -> bool:
         except rpc.RpcError as e:
             if str(e) != said:
                 said = str(e)
-                click.echo(f"deepseek-cpu serve: waiting: {said}", err=True)
+                say(f"waiting: {said}")
             time.sleep(POLL_S)
     return False
 
 
-def run_supervised(run_once, host: str, port: int, workers: list[str]) -> int:
+def run_supervised(run_once, host: str, port: int, workers: list[str], say=log.info) -> int:
     import signal
     while True:
         rc = run_once()
         if rc != LOST_EXIT:
             return rc
-        click.echo("deepseek-cpu serve: a worker was lost; answering 503 until every worker is back", err=True)
+        say("a worker was lost; answering 503 until every worker is back")
         server = stand_in(host, port)
         stop: list = []
         old = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            back = wait_for_workers(workers, stop)
+            back = wait_for_workers(workers, stop, say)
         finally:
             server.shutdown()
             server.server_close()
@@ -113,4 +108,4 @@ def run_supervised(run_once, host: str, port: int, workers: list[str]) -> int:
                 signal.signal(s, h)
         if not back:
             return 0
-        click.echo("deepseek-cpu serve: every worker answers again; restarting the server", err=True)
+        say("every worker answers again; restarting the server")

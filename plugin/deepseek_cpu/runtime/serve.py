@@ -1,4 +1,4 @@
-"""`deepseek-cpu serve MODEL`: llama.cpp's own HTTP server (llama-server), built from the same
+"""What `deepseek-cpu serve MODEL` runs: llama.cpp's own HTTP server (llama-server), built from the same
 patched tree as our libllama, with defaults for serving a team from CPUs.
 
 llama_cpp.server (llama-cpp-python's FastAPI server) answers one request at a time;
@@ -24,26 +24,24 @@ with PR_SET_PDEATHSIG, so it does not outlive a killed parent.
 """
 from __future__ import annotations
 
-import ctypes
+import logging
 import os
-import shlex
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import click
-
 from ..errors import DeepseekCpuError
-from ..hookspecs import hookimpl
+from .processes import die_with_parent
 
 DEFAULT_PARALLEL = 4
 MAX_CTX_PER_SLOT = 4096
 MIN_CTX_PER_SLOT = 256
 ENV_SERVER = "DEEPSEEK_CPU_LLAMA_SERVER"  # path of another llama-server binary (tests, dev builds)
+
+log = logging.getLogger(__name__)
 
 
 class ServerNotFound(DeepseekCpuError):
@@ -68,9 +66,10 @@ def server_binary() -> Path:
         f"(the default) or point {ENV_SERVER} at a llama-server binary")
 
 
-def default_ctx_per_slot(model: str, parallel: int) -> int:
-    from .llama import default_n_ctx, read_shape
-    shape = read_shape(model)
+def default_ctx_per_slot(model: str, parallel: int, header=None) -> int:
+    """Each slot's share of the context that fits memory (model_file.default_n_ctx)."""
+    from .model_file import default_n_ctx, read_shape
+    shape = read_shape(model, header)
     total = default_n_ctx(shape)
     per = min(MAX_CTX_PER_SLOT, max(MIN_CTX_PER_SLOT, total // max(parallel, 1)))
     if shape is not None:
@@ -78,12 +77,19 @@ def default_ctx_per_slot(model: str, parallel: int) -> int:
     return per
 
 
+def rpc_ctx_per_slot(model: str, header=None) -> int:
+    """With RPC workers the KV cache lives on them: this host's memory does not bound the context."""
+    from .model_file import read_shape
+    shape = read_shape(model, header)
+    return min(MAX_CTX_PER_SLOT, shape.n_ctx_train if shape else MAX_CTX_PER_SLOT)
+
+
 def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = DEFAULT_PARALLEL,
                   ctx_per_slot: int | None = None, threads: int | None = None, alias: str | None = None,
-                  extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+                  extra: tuple[str, ...] | list[str] = (), header=None) -> list[str]:
     from .resources import default_threads
     threads = threads or default_threads()
-    ctx_per_slot = ctx_per_slot or default_ctx_per_slot(model, parallel)
+    ctx_per_slot = ctx_per_slot or default_ctx_per_slot(model, parallel, header)
     cmd = [
         str(server_binary()), "-m", str(model),
         "--host", host, "--port", str(port),
@@ -95,14 +101,6 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
     if alias:
         cmd += ["--alias", alias]
     return cmd + list(extra)
-
-
-def _die_with_parent():
-    """Runs in the child before exec: SIGTERM it when the parent dies (no orphan servers)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600.0) -> bool:
@@ -123,19 +121,19 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
 def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
                env_extra: dict[str, str] | None = None, cpus: set[int] | None = None,
-               workers: list[str] | None = None) -> int:
+               workers: list[str] | None = None, say=log.info) -> int:
     """Run llama-server until it exits; with RPC workers, a server that exits because a worker was
     lost is replaced by a 503 answer on the same port until every worker answers again, then
-    started again (runtime/rpc_serve.py)."""
+    started again (runtime/rpc_serve.py). `say` takes each line of progress for the user."""
     if not workers:
-        return _run_once(cmd, host, port, ready_timeout, env_extra, cpus)
+        return _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say)
     from . import rpc_serve
-    return rpc_serve.run_supervised(lambda: _run_once(cmd, host, port, ready_timeout, env_extra, cpus),
-                                    host, port, workers)
+    return rpc_serve.run_supervised(lambda: _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say),
+                                    host, port, workers, say)
 
 
 def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
-              env_extra: dict[str, str] | None = None, cpus: set[int] | None = None) -> int:
+              env_extra: dict[str, str] | None = None, cpus: set[int] | None = None, say=log.info) -> int:
     env = {**os.environ, **(env_extra or {})}
     # the libraries the binary was built with lie next to it (libllama, libggml*, libmtmd)
     libs = str(Path(cmd[0]).resolve().parent)
@@ -143,7 +141,7 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
     # own session: a terminal's Ctrl-C reaches only us, and we forward it once (a second
     # SIGINT makes llama-server exit at once, skipping its clean shutdown)
     def before_exec():
-        _die_with_parent()
+        die_with_parent()
         if cpus:
             os.sched_setaffinity(0, cpus)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=before_exec)
@@ -162,10 +160,9 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         probe_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         url = f"http://{probe_host}:{port}"
         if wait_ready(url, proc, ready_timeout):
-            click.echo(f"deepseek-cpu serve: ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)",
-                       err=True)
+            say(f"ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)")
         elif proc.poll() is None and not forwarded:
-            click.echo(f"deepseek-cpu serve: {url}/health not ready after {ready_timeout:.0f} s", err=True)
+            say(f"{url}/health not ready after {ready_timeout:.0f} s")
         while True:
             try:
                 rc = proc.wait()
@@ -183,76 +180,21 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
     return rc
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
-@click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--parallel", "-np", default=DEFAULT_PARALLEL, show_default=True, type=click.IntRange(1, 256),
-              help="Slots: requests decoded concurrently (continuous batching).")
-@click.option("--ctx", "ctx_per_slot", type=click.IntRange(16, None), default=None,
-              help=f"Context per slot (default: fits memory, {MIN_CTX_PER_SLOT}..{MAX_CTX_PER_SLOT}).")
-@click.option("--threads", type=int, default=None, help="Default: physical cores available (among --cpus).")
-@click.option("--cpus", default=None, metavar="LIST",
-              help="Run the server on these CPUs only, e.g. 0-7 or 0,2,4 (its threads default to their physical cores).")
-@click.option("--alias", default=None, help="Model name reported by /v1/models.")
-@click.option("--ready-timeout", default=600.0, show_default=True, help="Seconds to wait for /health.")
-@click.option("--mem-budget", default=None, metavar="SIZE",
-              help="Run within SIZE of memory (e.g. 4G): the routed experts used from the file mapping, not copied.")
-@click.option("--prefetch", default=None, metavar="POLICY",
-              help="Prefetch policy under --mem-budget (default: popular); the server's pages are read ahead, not locked.")
-@click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT,...",
-              help="Split the layers over these `deepseek-cpu rpc-worker`s, by the memory each offers.")
-@click.option("--rpc-local", default=None, metavar="SIZE",
-              help="With --rpc: memory this host gives to layers (default: none but the embeddings).")
-@click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
-@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def serve(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-          rpc_servers, rpc_local, dry_run, extra):
-    """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
-
-    Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
-    from .options import cpu_set_option
-    cpu_set = cpu_set_option(cpus)
-    if cpu_set:
-        from .resources import default_threads
-        threads = threads or default_threads(cpu_set)
-    env = budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run) if mem_budget else {}
-    workers = None
-    if rpc_servers:
-        from . import rpc_serve
-        if mem_budget:
-            raise click.UsageError("--rpc and --mem-budget cannot be combined (the workers hold the layers in memory)")
-        # the KV cache lives on the workers: this host's memory does not bound the context
-        ctx_per_slot = ctx_per_slot or rpc_serve.default_ctx_per_slot(model)
-        workers, rpc_args, rpc_env = rpc_serve.server_args(model, rpc_servers, rpc_local, ctx_per_slot * parallel)
-        extra = (*rpc_args, *extra)
-        env.update(rpc_env)
-    cmd = build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra)
-    if dry_run:
-        pin = ["taskset", "-c", cpus] if cpu_set else []
-        click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))
-        return
-    sys.exit(run_server(cmd, host, port, ready_timeout, env, cpu_set, workers))
-
-
-def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run) -> dict[str, str]:
+def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run, header=None, say=log.info) -> dict[str, str]:
     """Check the budget against the always-hot set and the slots' KV cache, warm the page cache
     with the prefetch policy's placement (unless dry_run), and return llama-server's environment:
     the experts kept in the file mapping, and read ahead as each router chooses them."""
     from . import memory_budget, prefetch
-    from .llama import read_shape
-    shape = read_shape(model)
-    ctx = (ctx_per_slot or default_ctx_per_slot(model, parallel)) * parallel
-    plan = memory_budget.plan(model, memory_budget.parse_size(mem_budget), (shape.kv_bytes_per_token if shape else 0) * ctx)
+    from .model_file import read_shape
+    header = header or memory_budget.read_header(model)
+    shape = read_shape(model, header)
+    ctx = (ctx_per_slot or default_ctx_per_slot(model, parallel, header)) * parallel
+    plan = memory_budget.plan(model, memory_budget.parse_size(mem_budget),
+                              (shape.kv_bytes_per_token if shape else 0) * ctx, header)
     if not dry_run:
-        layout = prefetch.layout(model)
+        layout = prefetch.layout(model, header)
         placement, name = prefetch.plan_policy(policy, layout, plan)
         n = prefetch.advise_file(layout, placement)
-        click.echo(f"deepseek-cpu serve: {plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead", err=True)
+        say(f"{plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead")
     level = 0 if policy == "none" else memory_budget.EXPERT_PREFETCH_LEVEL
     return {**memory_budget.server_env(), "DEEPSEEK_CPU_EXPERT_PREFETCH": str(level)}
-
-
-@hookimpl
-def deepseek_cpu_register_commands(cli):
-    cli.add_command(serve)

@@ -6,10 +6,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import click
 import numpy as np
-
-from ..hookspecs import hookimpl
 
 # package data (also the test suite's `v2_group` fixture: tests/fixture_paths.py)
 DATA = Path(__file__).parent.parent / "data" / "tiny-deepseek-v2"
@@ -40,13 +37,3 @@ def run_demo(echo=print) -> float:
         echo(f"greedy continuation (random weights, so not meaningful text): {out['choices'][0]['text']!r}")
         llm.close()
     return err
-
-
-@hookimpl
-def deepseek_cpu_register_commands(cli):
-    @cli.command()
-    def demo():
-        """Convert and run the embedded tiny DeepSeek-V2 model; check it against transformers."""
-        err = run_demo(click.echo)
-        if err > TOLERANCE:
-            raise click.ClickException(f"engine output differs from the reference ({err:.2e} > {TOLERANCE:g})")

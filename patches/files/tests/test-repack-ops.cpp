@@ -249,7 +249,7 @@ static int check_mmid_plain_two_ops(std::mt19937 & rng) {
 // attn_v_b, or any weight with the extra buffers off) against the same double-precision reference. From
 // 16 rows the x86 build repacks them on the fly for the repacked GEMM (n a multiple of 8); n = 130 keeps
 // tinyBLAS (q4_0) or the tiled kernel (q4_K). q5_0 and q8_0 weights (a Q4_K_M model's dense ffn_down)
-// go from 16 rows through the expert GEMM of 0017, any n; at k = 4096 a thread's rows take several
+// go from 16 rows through the broadcast expert GEMM, any n; at k = 4096 a thread's rows take several
 // re-laid-out chunks.
 static int check_mm_plain(std::mt19937 & rng, ggml_type t) {
     std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -8,17 +8,17 @@ maps to its facts:
     (`file_type`) share;
   * `tensor_type`: the main GGML tensor type of that file type, as named by
     gguf.GGMLQuantizationType (`ggml_type`): llama-quantize's default type for it
-    (K-quant mixes give some tensors other types, see synth.tensor_type);
+    (K-quant mixes and schemes give some tensors other types: Scheme.tensor_type in
+    quantization/schemes.py);
   * `bpw`: approximate bits per weight of the whole file, for `pull`'s disk estimate;
   * `direct`: True when our converter writes it (converters/base.py's OUTTYPES), False
     when llama.cpp's quantizer makes it from a bf16 intermediate (`pull`).
 
-Readers: converters/base.py (OUTTYPES), conversion/convert.py (general.file_type), cli.py
-(`convert --outtype`), hub/ and hub/command.py (`pull --quant`, the quantizer's ftype, the
-disk estimate), runtime/llama.py (Llama.from_hub's default), tools/synth.py (the facts of the mixes it
-imitates; which mixes, and their per-tensor types, are synth's own). A type added here is
-offered by `pull` (and by `convert` if direct). Plugins' own schemes go through the
-deepseek_cpu_quant_schemes hook instead.
+Readers: the converters (converters/base.py's OUTTYPES), the conversion (general.file_type),
+the schemes built on these types (quantization/schemes.py) and the quantizer, the `convert` and
+`pull` commands, the hub (the quantizer's ftype, the disk estimate) and Llama.from_hub's default.
+A type added here is offered by `pull` (and by `convert` if direct). Plugins' own schemes go
+through the deepseek_cpu_quant_schemes hook instead.
 """
 from __future__ import annotations
 

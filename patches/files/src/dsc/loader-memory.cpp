@@ -70,7 +70,7 @@ void llama_prefault_write(void * addr, size_t size) {
         n = std::max(1, CPU_COUNT(&set));
     }
     n = std::min(n, 8);
-    const size_t huge = (size_t) 2 << 20;   // slices on huge-page boundaries (the buffer is THP, 0013)
+    const size_t huge = (size_t) 2 << 20;   // slices on huge-page boundaries (the buffer is on huge pages)
     const size_t per  = (size / n + huge - 1) / huge * huge;
     auto populate = [](char * p, size_t len) {
         if (madvise(p, len, MADV_POPULATE_WRITE) != 0) {

@@ -1,6 +1,7 @@
 // deepseek-cpu: MLA attention graphs for DeepSeek's latent KV cache (llm_graph_context members
-// declared in llama-graph.h; deepseek2.cpp calls build_attn_mla): prefill through K/V decompressed
-// from the cache into f32 flash attention, decode in the absorbed form.
+// declared in llama-graph.h; deepseek2.cpp calls build_attn_mla, build_attn_mha calls
+// dsc_build_attn_mqa): prefill through K/V decompressed from the cache into f32 flash attention,
+// decode in the absorbed form, its one-token attention read in one pass over the cache.
 
 #include "llama-graph.h"
 #include "llama-impl.h"
@@ -8,9 +9,11 @@
 #include "llama-cparams.h"
 #include "llama-kv-cache.h"
 
+#include <cstdint>
 #include <cstdlib>
 
-// deepseek-cpu: flash attention reads an f16 mask; one cast per graph serves every layer
+// deepseek-cpu: flash attention reads an f16 mask; one cast per graph serves every layer (build_attn_mla's
+// prefill, dsc_build_attn_mqa), whichever attention asks first
 ggml_tensor * llm_graph_context::dsc_kq_mask_as_f16(ggml_tensor * kq_mask) const {
     if (dsc_kq_mask_f16_src != kq_mask) {
         dsc_kq_mask_f16     = kq_mask->type == GGML_TYPE_F16 ? kq_mask : ggml_cast(ctx0, kq_mask, GGML_TYPE_F16);
@@ -20,7 +23,119 @@ ggml_tensor * llm_graph_context::dsc_kq_mask_as_f16(ggml_tensor * kq_mask) const
     return dsc_kq_mask_f16;
 }
 
-// deepseek-cpu: see llama-graph.h. Multiply-adds per layer, with r = kv_lora_rank, H heads, T tokens,
+// deepseek-cpu: build_attn_mha's hook, called after its permutes (q [d, n_tokens, n_head, n_stream],
+// k and v [d, n_kv, n_head_kv, n_stream]). One query token over one shared K/V head in one stream
+// (MLA's absorbed decode) attends through flash attention with flash_attn off too: ggml-cpu's
+// one-query kernel for shared heads (dsc/mla-attention.cpp) reads the cache once for all heads, skips
+// the masked padding of the cache and keeps q in f32, where KQ, softmax, a transposed copy of V and
+// KQV run over all of it. With flash_attn on the same kernel runs, and an f32 cache is not cast to f16
+// for it. Where that kernel does not apply (or DEEPSEEK_CPU_MQA_FA=0) and flash_attn is off, KQ and KQV
+// are 2D products with the heads as columns: the cache read once for all heads, not once per head.
+// Returns nullptr where the stock code runs: other shapes, a KQ bias, Grok's scaling or a soft cap,
+// and flash_attn on outside the kernel's cases.
+ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
+        ggml_tensor * q,
+        ggml_tensor * k,
+        ggml_tensor * v,
+        ggml_tensor * kq_b,
+        ggml_tensor * kq_mask,
+        ggml_tensor * sinks,
+        ggml_tensor * v_mla,
+            int64_t   n_kv_max,
+               bool   v_trans,
+              float   kq_scale,
+                int   il) const {
+    const bool one_token_mqa = q->ne[1] == 1 && q->ne[3] == 1 && k->ne[2] == 1 && k->ne[3] == 1 &&
+                               v->ne[2] == 1 && v->ne[3] == 1;
+    if (!one_token_mqa || kq_b != nullptr || arch == LLM_ARCH_GROK || hparams.attn_soft_cap) {
+        return nullptr;
+    }
+
+    static const bool kernel_on = [] {
+        const char * e = getenv("DEEPSEEK_CPU_MQA_FA");
+        return !(e && *e && atoi(e) == 0);
+    }();
+    const bool kernel = kernel_on && sinks == nullptr && !v_trans && hparams.f_max_alibi_bias == 0.0f &&
+                        q->ne[2] >= 2 && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32) &&
+                        v->type == k->type && k->ne[0] % 8 == 0 && v->ne[0] % 16 == 0;
+
+    ggml_tensor * cur = nullptr;
+    if (kernel) {
+        if (!cparams.flash_attn) {
+            kq_mask = dsc_kq_mask_as_f16(kq_mask);
+        }
+        cur = ggml_flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale, hparams.f_max_alibi_bias, 0.0f);
+        res->add_fused_node({LLM_FUSED_OP_FLASH_ATTN, cur, il});
+
+        ggml_flash_attn_ext_add_sinks(cur, sinks);
+        GGML_ASSERT(n_kv_max >= 0 && n_kv_max <= INT32_MAX);
+        ggml_flash_attn_ext_set_n_kv_max(cur, static_cast<int32_t>(n_kv_max));
+        ggml_prec_set_acc(cur, GGML_PREC_F32);
+
+        if (v_mla) {
+            // as build_attn_mha: a matrix-matrix product with n_tokens in dimension 1
+            cur = ggml_permute(ctx0, cur, 0, 2, 1, 3);
+            cur = ggml_mul_mat(ctx0, v_mla, cur);
+            cb(cur, "fattn_mla", il);
+            cur = ggml_permute(ctx0, cur, 0, 2, 1, 3);
+            cur = ggml_cont(ctx0, cur);
+        }
+
+        cur = ggml_reshape_2d(ctx0, cur, cur->ne[0]*cur->ne[1], cur->ne[2]*cur->ne[3]);
+    } else {
+        if (cparams.flash_attn) {
+            return nullptr;
+        }
+        ggml_tensor * q2 = ggml_view_2d(ctx0, q, q->ne[0], q->ne[2], q->nb[2], 0);
+        ggml_tensor * k2 = ggml_view_2d(ctx0, k, k->ne[0], k->ne[1], k->nb[1], 0);
+        ggml_tensor * kq = ggml_mul_mat(ctx0, k2, q2);                   // [n_kv, n_head]
+        ggml_prec_set_acc(kq, GGML_PREC_F32);
+        kq = ggml_reshape_3d(ctx0, kq, kq->ne[0], 1, kq->ne[1]);          // [n_kv, 1 token, n_head]
+        cb(kq, "kq", il);
+
+        kq = ggml_soft_max_ext(ctx0, kq, kq_mask, kq_scale, hparams.f_max_alibi_bias);
+        ggml_soft_max_add_sinks(kq, sinks);
+        cb(kq, "kq_soft_max", il);
+
+        if (!v_trans) {
+            v = ggml_cont(ctx0, ggml_transpose(ctx0, v));
+            cb(v, "v_cont", il);
+        }
+
+        ggml_tensor * v2 = ggml_view_2d(ctx0, v, v->ne[0], v->ne[1], v->nb[1], 0);
+        ggml_tensor * kqv = ggml_mul_mat(ctx0, v2, ggml_reshape_2d(ctx0, kq, kq->ne[0], kq->ne[2])); // [n_embd_v, n_head]
+        kqv = ggml_reshape_3d(ctx0, kqv, kqv->ne[0], 1, kqv->ne[1]);                                // [n_embd_v, 1, n_head]
+        cb(kqv, "kqv", il);
+
+        // MLA's absorbed form: decompress from MQA back to MHA
+        if (v_mla) {
+            kqv = ggml_mul_mat(ctx0, v_mla, kqv);
+            cb(kqv, "kqv_mla", il);
+        }
+
+        cur = ggml_permute(ctx0, kqv, 0, 2, 1, 3);
+        cur = ggml_cont_2d(ctx0, cur, cur->ne[0]*cur->ne[1], cur->ne[2]*cur->ne[3]);
+
+        if (!cparams.offload_kqv) {
+            // all nodes between the KV store and the attention output are run on the CPU
+            ggml_backend_sched_set_tensor_backend(sched, cur, backend_cpu);
+        }
+    }
+
+    ggml_build_forward_expand(gf, cur);
+
+    return cur;
+}
+
+// deepseek-cpu: MLA attention on the latent (K-only) cache. Stores k_cur like build_attn, then attends
+// either in the absorbed form (q_absorbed against the latent cache, one shared K/V head, v_mla applied
+// after) or, when that costs fewer multiply-adds (large batches: prefill), through K and V decompressed
+// from the cache with wk_b / wv_b as ordinary multi-head attention.
+//   q_absorbed [kv_lora_rank + n_rot, n_head, n_tokens]   k_cur [kv_lora_rank + n_rot, 1, n_tokens]
+//   q_nope     [n_embd_head_qk_nope, n_head, n_tokens]     v_cur [kv_lora_rank, 1, n_tokens]
+//   q_pe       [n_rot, n_head, n_tokens], rope applied     wk_b  [n_embd_head_qk_nope, kv_lora_rank, n_head]
+//                                                          wv_b  [kv_lora_rank, n_embd_head_v, n_head]
+// Multiply-adds per layer, with r = kv_lora_rank, H heads, T tokens,
 // n_kv cached tokens: absorbed  T*H*r*(dn + dv) + T*n_kv*H*(2r + n_rot)
 //                     MHA       n_kv*H*r*(dn + dv) + T*n_kv*H*(dn + n_rot + dv)
 // For a 512-token prefill of DeepSeek-V2-Lite that is 5.6 G vs 2.4 G per layer; for one decoded token

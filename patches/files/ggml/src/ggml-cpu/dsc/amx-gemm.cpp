@@ -169,11 +169,11 @@ const amx_kind * amx_kind_of(const ggml_tensor * op, int64_t nb_cols, int64_t in
     }
     if (op->op == GGML_OP_MUL_MAT) {
         // 2D weights, one plane of tokens
-        return src0->ne[2] == 1 && src1->ne[2] == 1 && src1->ne[1] >= DSC_AMX_MIN_TOKENS ? k : nullptr;
+        return src0->ne[2] == 1 && src1->ne[2] == 1 && src1->ne[1] >= GGML_DSC_AMX_MIN_TOKENS ? k : nullptr;
     }
     if (op->op == GGML_OP_MUL_MAT_ID) {
         const ggml_tensor * ids = op->src[2];
-        return ids->ne[1] >= DSC_AMX_MIN_TOKENS && ids->ne[0] <= 64 ? k : nullptr;
+        return ids->ne[1] >= GGML_DSC_AMX_MIN_TOKENS && ids->ne[0] <= 64 ? k : nullptr;
     }
     return nullptr;
 }

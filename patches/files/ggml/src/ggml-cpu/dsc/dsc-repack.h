@@ -6,7 +6,7 @@
 
 // deepseek-cpu: x86 builds with AVX2 (AVX-512 ones too) store repacked q4_K quants in a 4-byte
 // interleave (make_block_q4_Kx8), which only their kernels (dsc/x86-repack.cpp) read. The 4-byte
-// kernels were faster than stock's AVX-512 q4_K GEMM on Zen 4 as well (0048).
+// kernels were faster than stock's AVX-512 q4_K GEMM on Zen 4 as well.
 #if defined(__AVX2__)
 #define GGML_DSC_Q4_K_4U 1
 #else

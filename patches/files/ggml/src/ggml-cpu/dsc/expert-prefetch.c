@@ -13,7 +13,7 @@
 // still alive then), and the top k experts of those scores are read ahead too, a whole layer early, so
 // the disk has two layers' requests in flight. The next layer's real input differs by one attention and
 // one FFN residual; the hit rate is counted (ggml_dsc_expert_prefetch_stats). Batches score at most
-// DSC_PREGATE_TOKENS tokens (dsc-tuning.h), evenly spaced, to bound thread 0's work.
+// GGML_DSC_PREGATE_TOKENS tokens (dsc-tuning.h), evenly spaced, to bound thread 0's work.
 //
 // Addresses are learnt from the nodes the first time they run (weights do not move): the expert
 // weights from each layer's MUL_MAT_ID, the router from "ffn_moe_logits-N" (an f32 MUL_MAT). A layer's
@@ -196,7 +196,7 @@ static void dsc_pf_pregate(int layer) {
         return;
     }
     memset(dsc_pf_predicted[next], 0, sizeof(dsc_pf_predicted[next]));
-    const int64_t n_tok = x->n_tokens < DSC_PREGATE_TOKENS ? x->n_tokens : DSC_PREGATE_TOKENS;
+    const int64_t n_tok = x->n_tokens < GGML_DSC_PREGATE_TOKENS ? x->n_tokens : GGML_DSC_PREGATE_TOKENS;
     float score[DSC_PF_EXPERTS];
     for (int64_t i = 0; i < n_tok; i++) {
         const int64_t t = n_tok == x->n_tokens ? i : i * x->n_tokens / n_tok;

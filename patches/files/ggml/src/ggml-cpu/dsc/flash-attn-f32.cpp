@@ -13,7 +13,7 @@
 #include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__)
-// deepseek-cpu: tiled flash attention for f32 q, K and V (MLA prefill through decompressed K/V, 0021).
+// deepseek-cpu: tiled flash attention for f32 q, K and V (MLA prefill through decompressed K/V).
 // The stock tiled kernel packs every K tile transposed with scalar stores and converts the mask with
 // scalar code for every (query tile, key tile) pair: ~30% of its time for DK = 192. Here both products
 // keep the query tile as the SIMD dimension, so K and V are read in place as broadcast operands:
@@ -22,32 +22,32 @@
 // and the online softmax runs down the key rows, 8 queries per vector. Key tiles whose mask rows are
 // all -inf are skipped, all-zero mask tiles are not added. O^T is transposed into dst once per tile.
 
-// DSC_FA_QT queries per tile (the SIMD dimension, 8 vectors), DSC_FA_KT keys per tile: dsc/dsc-tuning.h
+// GGML_DSC_FA_QT queries per tile (the SIMD dimension, 8 vectors), GGML_DSC_FA_KT keys per tile: dsc/dsc-tuning.h
 // (e^x: dsc_fa_exp_nonpos, dsc/fa-exp.h)
 
-// C[RM rows][16] (row stride DSC_FA_QT) (+)= sum_kk A(i, kk) * B[kk][16] (row stride DSC_FA_QT),
+// C[RM rows][16] (row stride GGML_DSC_FA_QT) (+)= sum_kk A(i, kk) * B[kk][16] (row stride GGML_DSC_FA_QT),
 // A(i, kk) = A[i*a_si + kk*a_sk]; ZERO: C starts at 0 instead of being read
 template <int RM, bool ZERO>
 static inline void dsc_fa_ukernel(float * GGML_RESTRICT C, const float * GGML_RESTRICT A, int64_t a_si, int64_t a_sk,
                                   const float * GGML_RESTRICT B, int K) {
-    dsc_f32_tile(RM, C, DSC_FA_QT, A, a_si, a_sk, B, DSC_FA_QT, K, ZERO);
+    dsc_f32_tile(RM, C, GGML_DSC_FA_QT, A, a_si, a_sk, B, GGML_DSC_FA_QT, K, ZERO);
 }
 
-// C[M][DSC_FA_QT] (+)= A(M x K) * B[K][DSC_FA_QT], in 6-row x 16-column register tiles
+// C[M][GGML_DSC_FA_QT] (+)= A(M x K) * B[K][GGML_DSC_FA_QT], in 6-row x 16-column register tiles
 template <bool ZERO>
 static void dsc_fa_gemm(float * GGML_RESTRICT C, const float * GGML_RESTRICT A, int64_t a_si, int64_t a_sk,
                         const float * GGML_RESTRICT B, int M, int K) {
-    for (int n = 0; n < DSC_FA_QT; n += 16) {
+    for (int n = 0; n < GGML_DSC_FA_QT; n += 16) {
         int i = 0;
         for (; i + 6 <= M; i += 6) {
-            dsc_fa_ukernel<6, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K);
+            dsc_fa_ukernel<6, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K);
         }
         switch (M - i) {
-            case 5: dsc_fa_ukernel<5, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
-            case 4: dsc_fa_ukernel<4, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
-            case 3: dsc_fa_ukernel<3, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
-            case 2: dsc_fa_ukernel<2, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
-            case 1: dsc_fa_ukernel<1, ZERO>(C + i*DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
+            case 5: dsc_fa_ukernel<5, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
+            case 4: dsc_fa_ukernel<4, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
+            case 3: dsc_fa_ukernel<3, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
+            case 2: dsc_fa_ukernel<2, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
+            case 1: dsc_fa_ukernel<1, ZERO>(C + i*GGML_DSC_FA_QT + n, A + i*a_si, a_si, a_sk, B + n, K); break;
             default: break;
         }
     }
@@ -115,10 +115,10 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
     const size_t stride = GGML_FA_TILE_Q*DK + 2*GGML_FA_TILE_Q*GGML_FA_TILE_KV + GGML_FA_TILE_Q*DV +
                           GGML_FA_TILE_KV*DV + GGML_FA_TILE_KV*DK + CACHE_LINE_SIZE_F32;
     float * QsT = (float *) params->wdata + params->ith*stride; // [DK][QT]
-    float * ST  = QsT + DK*DSC_FA_QT;                             // [KT][QT]
-    float * OT  = ST  + DSC_FA_KT*DSC_FA_QT;                      // [DV][QT]
-    float * Mx  = OT  + DV*DSC_FA_QT;                             // [QT] running max
-    float * L   = Mx  + DSC_FA_QT;                                // [QT] running sum
+    float * ST  = QsT + DK*GGML_DSC_FA_QT;                             // [KT][QT]
+    float * OT  = ST  + GGML_DSC_FA_KT*GGML_DSC_FA_QT;                      // [DV][QT]
+    float * Mx  = OT  + DV*GGML_DSC_FA_QT;                             // [QT] running max
+    float * L   = Mx  + GGML_DSC_FA_QT;                                // [QT] running sum
 
     const int64_t k_row = nbk1/sizeof(float);
     const int64_t v_row = nbv1/sizeof(float);
@@ -128,25 +128,25 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
         const int64_t iq3 = ir/(neq2*neq1);
         const int64_t iq2 = (ir - iq3*neq2*neq1)/neq1;
         const int64_t iq1 = ir - iq3*neq2*neq1 - iq2*neq1;
-        const int tile_rows = (int) MIN((int64_t) DSC_FA_QT, MIN(ir1 - ir, neq1 - iq1));
+        const int tile_rows = (int) MIN((int64_t) GGML_DSC_FA_QT, MIN(ir1 - ir, neq1 - iq1));
 
         // Qs^T, zero columns past the tile's queries
         for (int64_t d = 0; d < DK; d++) {
-            memset(QsT + d*DSC_FA_QT + tile_rows, 0, (DSC_FA_QT - tile_rows)*sizeof(float));
+            memset(QsT + d*GGML_DSC_FA_QT + tile_rows, 0, (GGML_DSC_FA_QT - tile_rows)*sizeof(float));
         }
         for (int tq = 0; tq < tile_rows; tq++) {
             const float * pq = (const float *) ((const char *) q->data + (iq1 + tq)*nbq1 + iq2*nbq2 + iq3*nbq3);
             for (int64_t d = 0; d < DK; d++) {
-                QsT[d*DSC_FA_QT + tq] = pq[d]*scale;
+                QsT[d*GGML_DSC_FA_QT + tq] = pq[d]*scale;
             }
         }
-        memset(OT, 0, DV*DSC_FA_QT*sizeof(float));
-        for (int tq = 0; tq < DSC_FA_QT; tq++) {
+        memset(OT, 0, DV*GGML_DSC_FA_QT*sizeof(float));
+        for (int tq = 0; tq < GGML_DSC_FA_QT; tq++) {
             Mx[tq] = -INFINITY;
             L[tq]  = 0.0f;
         }
 
-        const ggml_fp16_t * mrows[DSC_FA_QT];
+        const ggml_fp16_t * mrows[GGML_DSC_FA_QT];
         if (mask) {
             for (int tq = 0; tq < tile_rows; tq++) {
                 mrows[tq] = (const ggml_fp16_t *) ((const char *) mask->data + (iq1 + tq)*mask->nb[1] +
@@ -157,8 +157,8 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
         const float * kh = (const float *) ((const char *) k->data + (iq2/rk2)*nbk2 + (iq3/rk3)*nbk3);
         const float * vh = (const float *) ((const char *) v->data + (iq2/rv2)*nbv2 + (iq3/rv3)*nbv3);
 
-        for (int64_t ic = 0; ic < nek1; ic += DSC_FA_KT) {
-            const int kv_tile = (int) MIN((int64_t) DSC_FA_KT, nek1 - ic);
+        for (int64_t ic = 0; ic < nek1; ic += GGML_DSC_FA_KT) {
+            const int kv_tile = (int) MIN((int64_t) GGML_DSC_FA_KT, nek1 - ic);
 
             const int kind = mask ? dsc_fa_mask_kind(mrows, tile_rows, ic, kv_tile) : 1;
             if (kind == 2) {
@@ -172,16 +172,16 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
                 for (int tq = 0; tq < tile_rows; tq++) {
                     const ggml_fp16_t * m = mrows[tq] + ic;
                     for (int tk = 0; tk < kv_tile; tk++) {
-                        ST[tk*DSC_FA_QT + tq] += GGML_CPU_FP16_TO_FP32(m[tk]);
+                        ST[tk*GGML_DSC_FA_QT + tq] += GGML_CPU_FP16_TO_FP32(m[tk]);
                     }
                 }
             }
 
             // online softmax down the key rows, 8 queries at a time
-            for (int tq = 0; tq < DSC_FA_QT; tq += 8) {
+            for (int tq = 0; tq < GGML_DSC_FA_QT; tq += 8) {
                 __m256 mx = _mm256_set1_ps(-INFINITY);
                 for (int tk = 0; tk < kv_tile; tk++) {
-                    mx = _mm256_max_ps(mx, _mm256_loadu_ps(ST + tk*DSC_FA_QT + tq));
+                    mx = _mm256_max_ps(mx, _mm256_loadu_ps(ST + tk*GGML_DSC_FA_QT + tq));
                 }
                 const __m256 m_old = _mm256_loadu_ps(Mx + tq);
                 const __m256 m_new = _mm256_max_ps(m_old, mx);
@@ -191,7 +191,7 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
                 const __m256 alpha = dsc_fa_exp_nonpos(_mm256_sub_ps(m_old, m_use));
                 __m256 sum = _mm256_setzero_ps();
                 for (int tk = 0; tk < kv_tile; tk++) {
-                    float * s = ST + tk*DSC_FA_QT + tq;
+                    float * s = ST + tk*GGML_DSC_FA_QT + tq;
                     const __m256 p = dsc_fa_exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(s), m_use));
                     _mm256_storeu_ps(s, p);
                     sum = _mm256_add_ps(sum, p);
@@ -200,7 +200,7 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
                 _mm256_storeu_ps(L + tq, _mm256_fmadd_ps(_mm256_loadu_ps(L + tq), alpha, sum));
                 if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_UQ))) {
                     for (int64_t d = 0; d < DV; d++) {
-                        float * o = OT + d*DSC_FA_QT + tq;
+                        float * o = OT + d*GGML_DSC_FA_QT + tq;
                         _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), alpha));
                     }
                 }
@@ -216,7 +216,7 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
             // permute(0, 2, 1, 3)
             float * out = (float *) ((char *) dst->data + (iq3*ne2*ne1 + iq2 + i1*ne1)*nb1);
             for (int64_t d = 0; d < DV; d++) {
-                out[d] = OT[d*DSC_FA_QT + tq]*l_inv;
+                out[d] = OT[d*GGML_DSC_FA_QT + tq]*l_inv;
             }
         }
 

@@ -26,8 +26,8 @@
 // The partials (max, sum, unnormalized output per head and thread) are combined by
 // ggml_flash_attn_ext_reduce_partials, as the stock split-KV path does. Products are in f32 (q is not
 // rounded), so with an f32 cache the result is as exact as the KQ / softmax / KQV ops it replaces.
-// DSC_MQA_KB keys per block; DSC_MQA_HG heads per group: the group's block of scores stays in L1;
-// DSC_MQA_RUNS: the keys are cut into this many runs (or 2 x threads, if more) (all in dsc/dsc-tuning.h)
+// GGML_DSC_MQA_KB keys per block; GGML_DSC_MQA_HG heads per group: the group's block of scores stays in L1;
+// GGML_DSC_MQA_RUNS: the keys are cut into this many runs (or 2 x threads, if more) (all in dsc/dsc-tuning.h)
 
 template <typename T> static inline __m256 dsc_mqa_load8(const T * p);
 template <> inline __m256 dsc_mqa_load8<ggml_fp16_t>(const ggml_fp16_t * p) {
@@ -44,7 +44,7 @@ static inline float dsc_mqa_hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// S[h*DSC_MQA_KB + r] = q_h . K_r for NR (<= 4) key rows and NH (<= 4) heads
+// S[h*GGML_DSC_MQA_KB + r] = q_h . K_r for NR (<= 4) key rows and NH (<= 4) heads
 template <typename T, int NR, int NH>
 static inline void dsc_mqa_scores(const T * const * kr, const float * const * qh, int64_t DK, float * S) {
     __m256 acc[NR][NH];
@@ -76,7 +76,7 @@ static inline void dsc_mqa_scores(const T * const * kr, const float * const * qh
     }
     for (int r = 0; r < NR; r++) {
         for (int h = 0; h < NH; h++) {
-            S[h*DSC_MQA_KB + r] = dsc_mqa_hsum(acc[r][h]);
+            S[h*GGML_DSC_MQA_KB + r] = dsc_mqa_hsum(acc[r][h]);
         }
     }
 }
@@ -94,7 +94,7 @@ template <> inline __m512 dsc_mqa_load16<float>(const float * p) {
     return _mm512_loadu_ps(p);
 }
 
-// S[h*DSC_MQA_KB + r] = q_h . K_r for NR (<= 4) key rows and NH (<= 4) heads
+// S[h*GGML_DSC_MQA_KB + r] = q_h . K_r for NR (<= 4) key rows and NH (<= 4) heads
 template <typename T, int NR, int NH>
 static inline void dsc_mqa_scores512(const T * const * kr, const float * const * qh, int64_t DK, float * S,
                                      const char * pf = nullptr, size_t pf_bytes = 0) {
@@ -127,12 +127,12 @@ static inline void dsc_mqa_scores512(const T * const * kr, const float * const *
     }
     for (int r = 0; r < NR; r++) {
         for (int h = 0; h < NH; h++) {
-            S[h*DSC_MQA_KB + r] = _mm512_reduce_add_ps(acc[r][h]);
+            S[h*GGML_DSC_MQA_KB + r] = _mm512_reduce_add_ps(acc[r][h]);
         }
     }
 }
 
-// O_h[c .. c+32) += sum_r P[h*DSC_MQA_KB + r] * V_r[c .. c+32) for NH (<= 8) heads
+// O_h[c .. c+32) += sum_r P[h*GGML_DSC_MQA_KB + r] * V_r[c .. c+32) for NH (<= 8) heads
 template <typename T, int NH>
 static inline void dsc_mqa_accum32(const T * const * vr, int nr, const float * P, float * const * O, int64_t c) {
     __m512 acc[NH][2];
@@ -144,7 +144,7 @@ static inline void dsc_mqa_accum32(const T * const * vr, int nr, const float * P
         const __m512 v0 = dsc_mqa_load16(vr[r] + c);
         const __m512 v1 = dsc_mqa_load16(vr[r] + c + 16);
         for (int h = 0; h < NH; h++) {
-            const __m512 p = _mm512_set1_ps(P[h*DSC_MQA_KB + r]);
+            const __m512 p = _mm512_set1_ps(P[h*GGML_DSC_MQA_KB + r]);
             acc[h][0] = _mm512_fmadd_ps(v0, p, acc[h][0]);
             acc[h][1] = _mm512_fmadd_ps(v1, p, acc[h][1]);
         }
@@ -200,7 +200,7 @@ static inline void dsc_mqa_scores_rows(const T * const * kr, int nr, const float
     }
 }
 
-// O_h[c .. c+16) += sum_r P[h*DSC_MQA_KB + r] * V_r[c .. c+16) for NH (<= 8) heads
+// O_h[c .. c+16) += sum_r P[h*GGML_DSC_MQA_KB + r] * V_r[c .. c+16) for NH (<= 8) heads
 template <typename T, int NH>
 static inline void dsc_mqa_accum16(const T * const * vr, int nr, const float * P, float * const * O, int64_t c) {
     __m256 acc[NH][2];
@@ -212,7 +212,7 @@ static inline void dsc_mqa_accum16(const T * const * vr, int nr, const float * P
         const __m256 v0 = dsc_mqa_load8(vr[r] + c);
         const __m256 v1 = dsc_mqa_load8(vr[r] + c + 8);
         for (int h = 0; h < NH; h++) {
-            const __m256 p = _mm256_broadcast_ss(P + h*DSC_MQA_KB + r);
+            const __m256 p = _mm256_broadcast_ss(P + h*GGML_DSC_MQA_KB + r);
             acc[h][0] = _mm256_fmadd_ps(v0, p, acc[h][0]);
             acc[h][1] = _mm256_fmadd_ps(v1, p, acc[h][1]);
         }
@@ -229,10 +229,10 @@ static void dsc_mqa_block_scores(const T * const * kr, int nr, const float * con
     for (int h0 = 0; h0 < nh; h0 += 4) {
         const char * p = h0 == 0 ? pf : nullptr;
         switch (MIN(4, nh - h0)) {
-            case 4: dsc_mqa_scores_rows<T, 4>(kr, nr, qh + h0, DK, S + h0*DSC_MQA_KB, p, row_bytes); break;
-            case 3: dsc_mqa_scores_rows<T, 3>(kr, nr, qh + h0, DK, S + h0*DSC_MQA_KB, p, row_bytes); break;
-            case 2: dsc_mqa_scores_rows<T, 2>(kr, nr, qh + h0, DK, S + h0*DSC_MQA_KB, p, row_bytes); break;
-            case 1: dsc_mqa_scores_rows<T, 1>(kr, nr, qh + h0, DK, S + h0*DSC_MQA_KB, p, row_bytes); break;
+            case 4: dsc_mqa_scores_rows<T, 4>(kr, nr, qh + h0, DK, S + h0*GGML_DSC_MQA_KB, p, row_bytes); break;
+            case 3: dsc_mqa_scores_rows<T, 3>(kr, nr, qh + h0, DK, S + h0*GGML_DSC_MQA_KB, p, row_bytes); break;
+            case 2: dsc_mqa_scores_rows<T, 2>(kr, nr, qh + h0, DK, S + h0*GGML_DSC_MQA_KB, p, row_bytes); break;
+            case 1: dsc_mqa_scores_rows<T, 1>(kr, nr, qh + h0, DK, S + h0*GGML_DSC_MQA_KB, p, row_bytes); break;
         }
     }
 }
@@ -252,14 +252,14 @@ static void dsc_mqa_block_accum(const T * const * vr, int nr, const float * S, f
         for (int64_t c = 0; c < DV; c += 32) {
             for (int h0 = 0; h0 < nh; h0 += 8) {
                 switch (MIN(8, nh - h0)) {
-                    case 8: dsc_mqa_accum32<T, 8>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 7: dsc_mqa_accum32<T, 7>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 6: dsc_mqa_accum32<T, 6>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 5: dsc_mqa_accum32<T, 5>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 4: dsc_mqa_accum32<T, 4>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 3: dsc_mqa_accum32<T, 3>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 2: dsc_mqa_accum32<T, 2>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                    case 1: dsc_mqa_accum32<T, 1>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
+                    case 8: dsc_mqa_accum32<T, 8>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 7: dsc_mqa_accum32<T, 7>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 6: dsc_mqa_accum32<T, 6>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 5: dsc_mqa_accum32<T, 5>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 4: dsc_mqa_accum32<T, 4>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 3: dsc_mqa_accum32<T, 3>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 2: dsc_mqa_accum32<T, 2>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                    case 1: dsc_mqa_accum32<T, 1>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
                 }
             }
         }
@@ -270,15 +270,15 @@ static void dsc_mqa_block_accum(const T * const * vr, int nr, const float * S, f
         for (int h0 = 0; h0 < nh; h0 += HQ) {
             switch (MIN(HQ, nh - h0)) {
 #if defined(__AVX512VL__)
-                case 8: dsc_mqa_accum16<T, 8>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 7: dsc_mqa_accum16<T, 7>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 6: dsc_mqa_accum16<T, 6>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 5: dsc_mqa_accum16<T, 5>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
+                case 8: dsc_mqa_accum16<T, 8>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 7: dsc_mqa_accum16<T, 7>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 6: dsc_mqa_accum16<T, 6>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 5: dsc_mqa_accum16<T, 5>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
 #endif
-                case 4: dsc_mqa_accum16<T, 4>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 3: dsc_mqa_accum16<T, 3>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 2: dsc_mqa_accum16<T, 2>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
-                case 1: dsc_mqa_accum16<T, 1>(vr, nr, S + h0*DSC_MQA_KB, O + h0, c); break;
+                case 4: dsc_mqa_accum16<T, 4>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 3: dsc_mqa_accum16<T, 3>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 2: dsc_mqa_accum16<T, 2>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
+                case 1: dsc_mqa_accum16<T, 1>(vr, nr, S + h0*GGML_DSC_MQA_KB, O + h0, c); break;
             }
         }
     }
@@ -322,7 +322,7 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
     float scale = 1.0f;
     memcpy(&scale, (const float *) dst->op_params + 0, sizeof(float));
 
-    // the keys the mask leaves finite, from the first to the last, in blocks of DSC_MQA_KB
+    // the keys the mask leaves finite, from the first to the last, in blocks of GGML_DSC_MQA_KB
     const ggml_fp16_t * mrow = mask ? (const ggml_fp16_t *) mask->data : nullptr;
     const ggml_fp16_t   ninf = GGML_CPU_FP32_TO_FP16(-INFINITY);
     int64_t lo = 0, hi = n_kv;
@@ -330,16 +330,16 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
         while (lo < hi && mrow[lo] == ninf) lo++;
         while (hi > lo && mrow[hi - 1] == ninf) hi--;
     }
-    const int64_t nblk = (hi - lo + DSC_MQA_KB - 1)/DSC_MQA_KB;
-    const int64_t gpk  = (rk + DSC_MQA_HG - 1)/DSC_MQA_HG;     // head groups per K/V head
+    const int64_t nblk = (hi - lo + GGML_DSC_MQA_KB - 1)/GGML_DSC_MQA_KB;
+    const int64_t gpk  = (rk + GGML_DSC_MQA_HG - 1)/GGML_DSC_MQA_HG;     // head groups per K/V head
     // the blocks are cut into nslot runs of consecutive blocks; each (head group, run) has its own
     // partial per head (max, sum, unnormalized output), in the stock split-KV layout
     // [q_head][run][M, S, VKQ], folded in block order and reduced in run order. Runs are handed out
     // as threads ask (a slower thread, a busy core of a shared machine, takes fewer), but which thread
     // runs one changes nothing: the result is the same on every run, and for any thread count up to
-    // DSC_MQA_RUNS/2. (Folding blocks into per-thread partials as they were handed out made decoding
+    // GGML_DSC_MQA_RUNS/2. (Folding blocks into per-thread partials as they were handed out made decoding
     // nondeterministic with 2 threads: logits differed by ~1e-6 after a few tokens, then grew.)
-    const int64_t nslot = MAX((int64_t) 1, MIN(nblk, (int64_t) MAX(DSC_MQA_RUNS, 2*nth)));
+    const int64_t nslot = MAX((int64_t) 1, MIN(nblk, (int64_t) MAX(GGML_DSC_MQA_RUNS, 2*nth)));
     const int64_t nwork = k->ne[2]*gpk*nslot;                    // (head group, run) pairs
     const int64_t partial_size = 2 + DV;
     float * partials = (float *) params->wdata + nth*(DK + 2*DV + CACHE_LINE_SIZE_F32);
@@ -349,22 +349,22 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
     }
     ggml_barrier(params->threadpool);
 
-    float S[DSC_MQA_HG*DSC_MQA_KB];
-    float mv[DSC_MQA_KB];
-    const T * kr[DSC_MQA_KB];
-    const T * vr[DSC_MQA_KB];
+    float S[GGML_DSC_MQA_HG*GGML_DSC_MQA_KB];
+    float mv[GGML_DSC_MQA_KB];
+    const T * kr[GGML_DSC_MQA_KB];
+    const T * vr[GGML_DSC_MQA_KB];
 
     for (int64_t w = ith; w < nwork; w = ggml_threadpool_chunk_add(params->threadpool, 1)) {
         const int64_t grp = w/nslot, slot = w%nslot;
         const int64_t g   = grp/gpk;                           // K/V head
-        const int64_t h0  = g*rk + (grp%gpk)*DSC_MQA_HG;
-        const int     nh  = (int) MIN((int64_t) DSC_MQA_HG, (g + 1)*rk - h0);
+        const int64_t h0  = g*rk + (grp%gpk)*GGML_DSC_MQA_HG;
+        const int     nh  = (int) MIN((int64_t) GGML_DSC_MQA_HG, (g + 1)*rk - h0);
         const char * kbase = (const char *) k->data + g*k->nb[2];
         const char * vbase = (const char *) v->data + g*v->nb[2];
 
-        const float * qh[DSC_MQA_HG];
-        float *       O[DSC_MQA_HG];
-        float *       MS[DSC_MQA_HG];
+        const float * qh[GGML_DSC_MQA_HG];
+        float *       O[GGML_DSC_MQA_HG];
+        float *       MS[GGML_DSC_MQA_HG];
         for (int h = 0; h < nh; h++) {
             qh[h] = (const float *) ((const char *) q->data + (h0 + h)*q->nb[2]);
             MS[h] = partials + ((h0 + h)*nslot + slot)*partial_size;
@@ -377,7 +377,7 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
         const int64_t blk0 = slot*nblk/nslot, blk1 = (slot + 1)*nblk/nslot;
         for (int64_t blk = blk0; blk < blk1; blk++) {
             // the block's keys the mask leaves finite
-            const int64_t j0 = lo + blk*DSC_MQA_KB, j1 = MIN(hi, j0 + DSC_MQA_KB);
+            const int64_t j0 = lo + blk*GGML_DSC_MQA_KB, j1 = MIN(hi, j0 + GGML_DSC_MQA_KB);
             int nr = 0;
             for (int64_t j = j0; j < j1; j++) {
                 const float m = mrow ? GGML_CPU_FP16_TO_FP32(mrow[j]) : 0.0f;
@@ -394,11 +394,11 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
             }
 
             // the run's next block
-            const char * pf = blk + 1 < blk1 ? kbase + (j0 + DSC_MQA_KB)*k->nb[1] : nullptr;
+            const char * pf = blk + 1 < blk1 ? kbase + (j0 + GGML_DSC_MQA_KB)*k->nb[1] : nullptr;
             dsc_mqa_block_scores<T>(kr, nr, qh, nh, DK, S, pf, k->nb[1]);
 
             for (int h = 0; h < nh; h++) {
-                float * s = S + h*DSC_MQA_KB;
+                float * s = S + h*GGML_DSC_MQA_KB;
                 float mx = -INFINITY;
                 for (int r = 0; r < nr; r++) {
                     s[r] = s[r]*scale + mv[r];

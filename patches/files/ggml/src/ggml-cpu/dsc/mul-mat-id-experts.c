@@ -27,7 +27,7 @@
 // the generic path.
 #if defined(GGML_USE_LLAMAFILE) && (defined(__AVX2__) || defined(__AVX512F__))
 #define DSC_MMID_SGEMM 1
-// DSC_MMID_SGEMM_COLS tokens x DSC_MMID_SGEMM_ROWS weight rows per chunk (dsc/dsc-tuning.h)
+// GGML_DSC_MMID_SGEMM_COLS tokens x GGML_DSC_MMID_SGEMM_ROWS weight rows per chunk (dsc/dsc-tuning.h)
 
 static bool dsc_mmid_sgemm_type(enum ggml_type type) {
     switch (type) {
@@ -48,11 +48,11 @@ static bool dsc_mmid_sgemm_type(enum ggml_type type) {
 // weight rows are first re-laid out, 8 rows at a time, already unpacked to bytes (q5_0 as q + 16 in
 // [0, 31], q8_0 as is) with f32 scales, 4 bytes of each row per 32-byte vector: maddubs against a
 // token's 4 broadcast activation bytes leaves each row's pair sums in its own int32 lane after one
-// madd, so the rows' sums come out in order with no horizontal step. (q8_0 since 0037: 2 bytes of
+// madd, so the rows' sums come out in order with no horizontal step. (q8_0: 2 bytes of
 // each row per 16 bytes, widened to int16 and madd'ed with a token's broadcast int16 pair.) The re-layout is paid once per
 // chunk (up to 128 rows) and shared by all of the chunk's tokens (up to 64).
 #define DSC_MMID_G8_BYTES  (8*sizeof(float) + 256) // per 8 rows and block: scales, then the bytes
-// DSC_MMID_G8_MAX_NB, DSC_MMID_G8_KC (q5_0 blocks per k-chunk): dsc/dsc-tuning.h
+// GGML_DSC_MMID_G8_MAX_NB, GGML_DSC_MMID_G8_KC (q5_0 blocks per k-chunk): dsc/dsc-tuning.h
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define DSC_MMID_G8_VNNI 1
 #else
@@ -61,7 +61,7 @@ static bool dsc_mmid_sgemm_type(enum ggml_type type) {
 
 
 static bool dsc_mmid_g8_type(enum ggml_type type, int64_t ne00) {
-    return (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0) && ne00 / 32 <= DSC_MMID_G8_MAX_NB;
+    return (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0) && ne00 / 32 <= GGML_DSC_MMID_G8_MAX_NB;
 }
 
 // 32 bytes, byte e = 0xFF where bit e of x is set
@@ -383,11 +383,11 @@ static void dsc_mmid_g8_gemm(enum ggml_type type, const uint8_t * W, int64_t m, 
         return;
     }
 
-    __m256i act[DSC_MMID_G8_KC][8][4];
+    __m256i act[GGML_DSC_MMID_G8_KC][8][4];
     for (int64_t j0 = 0; j0 < n; j0 += 4) {
         const int nt = (int) MIN(4, n - j0);
-        for (int64_t k0 = 0; k0 < nb; k0 += DSC_MMID_G8_KC) {
-            const int64_t kc = MIN(DSC_MMID_G8_KC, nb - k0);
+        for (int64_t k0 = 0; k0 < nb; k0 += GGML_DSC_MMID_G8_KC) {
+            const int64_t kc = MIN(GGML_DSC_MMID_G8_KC, nb - k0);
             for (int64_t b = 0; b < kc; b++) {
                 for (int t = 0; t < nt; t++) {
                     for (int c = 0; c < 8; c++) {
@@ -440,14 +440,14 @@ bool ggml_dsc_mul_mat_g8(const struct ggml_compute_params * params, struct ggml_
     if (r0 >= r1) {
         return true;
     }
-    const int64_t rows = MAX(8, MIN(DSC_MMID_SGEMM_ROWS, 128*1024 / (nb * DSC_MMID_G8_BYTES) * 8));
+    const int64_t rows = MAX(8, MIN(GGML_DSC_MMID_SGEMM_ROWS, 128*1024 / (nb * DSC_MMID_G8_BYTES) * 8));
 
     const block_q8_0 * B = (const block_q8_0 *) wdata;
     uint8_t * w8  = (uint8_t *) malloc(rows/8 * nb * DSC_MMID_G8_BYTES);
     int32_t * off = (int32_t *) malloc(ne11 * nb * sizeof(int32_t));
     float   * da  = (float *)   malloc(ne11 * nb * sizeof(float));
     float  ** Cr  = (float **)  malloc(ne11 * sizeof(float *));
-    // q8_0's activations as int16 (0037's tile; VNNI builds use the sums in off instead)
+    // q8_0's activations as int16 (the int16 tile; VNNI builds use the sums in off instead)
     const bool need_a16 = src0->type == GGML_TYPE_Q8_0 && !DSC_MMID_G8_VNNI;
     int16_t * a16 = need_a16 ? (int16_t *) malloc(ne11 * nb * 32 * sizeof(int16_t)) : NULL;
     GGML_ASSERT(w8 && off && da && Cr && (a16 || !need_a16));
@@ -483,15 +483,15 @@ static size_t dsc_mmid_sgemm_thread_size(const struct ggml_tensor * dst) {
     if (!dsc_mmid_sgemm_type(src0->type) || ggml_get_type_traits_cpu(src0->type)->vec_dot_type != GGML_TYPE_Q8_0) {
         return 0;
     }
-    size_t size = CACHE_LINE_SIZE + GGML_PAD(DSC_MMID_SGEMM_COLS * ggml_row_size(GGML_TYPE_Q8_0, src0->ne[0]), CACHE_LINE_SIZE) +
-                  GGML_PAD(DSC_MMID_SGEMM_ROWS * DSC_MMID_SGEMM_COLS * sizeof(float), CACHE_LINE_SIZE);
+    size_t size = CACHE_LINE_SIZE + GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * ggml_row_size(GGML_TYPE_Q8_0, src0->ne[0]), CACHE_LINE_SIZE) +
+                  GGML_PAD(GGML_DSC_MMID_SGEMM_ROWS * GGML_DSC_MMID_SGEMM_COLS * sizeof(float), CACHE_LINE_SIZE);
 #if defined(__AVX2__)
     if (dsc_mmid_g8_type(src0->type, src0->ne[0])) {
         const int64_t nb = src0->ne[0] / 32;
-        size += GGML_PAD(DSC_MMID_SGEMM_ROWS/8 * nb * DSC_MMID_G8_BYTES, CACHE_LINE_SIZE) +
-                GGML_PAD(DSC_MMID_SGEMM_COLS * nb * sizeof(int32_t), CACHE_LINE_SIZE) +
-                GGML_PAD(DSC_MMID_SGEMM_COLS * nb * sizeof(float), CACHE_LINE_SIZE) +
-                (DSC_MMID_G8_VNNI ? 0 : GGML_PAD(DSC_MMID_SGEMM_COLS * nb * 32 * sizeof(int16_t), CACHE_LINE_SIZE));
+        size += GGML_PAD(GGML_DSC_MMID_SGEMM_ROWS/8 * nb * DSC_MMID_G8_BYTES, CACHE_LINE_SIZE) +
+                GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * nb * sizeof(int32_t), CACHE_LINE_SIZE) +
+                GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * nb * sizeof(float), CACHE_LINE_SIZE) +
+                (DSC_MMID_G8_VNNI ? 0 : GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * nb * 32 * sizeof(int16_t), CACHE_LINE_SIZE));
     }
 #endif
     return size;
@@ -515,11 +515,11 @@ static bool dsc_mmid_sgemm_chunk(
 
     const int64_t m  = ir0_end - ir0_start;
     const int64_t nc = ir1_end - ir1_start;
-    GGML_ASSERT(m <= DSC_MMID_SGEMM_ROWS && nc <= DSC_MMID_SGEMM_COLS);
+    GGML_ASSERT(m <= GGML_DSC_MMID_SGEMM_ROWS && nc <= GGML_DSC_MMID_SGEMM_COLS);
 
     struct dsc_mmid_gathered * held = (struct dsc_mmid_gathered *) scratch;
     char  * b = scratch + CACHE_LINE_SIZE;
-    float * c = (float *) (b + GGML_PAD(DSC_MMID_SGEMM_COLS * row_size, CACHE_LINE_SIZE));
+    float * c = (float *) (b + GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * row_size, CACHE_LINE_SIZE));
 
     const bool fresh = held->rows != expert_rows || held->ir1_start != ir1_start || held->ir1_end != ir1_end;
     if (fresh) {
@@ -542,11 +542,11 @@ static bool dsc_mmid_sgemm_chunk(
 #if defined(__AVX2__)
     if (dsc_mmid_g8_type(src0->type, ne00)) {
         const int64_t nb = ne00 / 32;
-        uint8_t * w8  = (uint8_t *) c + GGML_PAD(DSC_MMID_SGEMM_ROWS * DSC_MMID_SGEMM_COLS * sizeof(float), CACHE_LINE_SIZE);
-        int32_t * off = (int32_t *) (w8 + GGML_PAD(DSC_MMID_SGEMM_ROWS/8 * nb * DSC_MMID_G8_BYTES, CACHE_LINE_SIZE));
-        float   * da  = (float *) ((char *) off + GGML_PAD(DSC_MMID_SGEMM_COLS * nb * sizeof(int32_t), CACHE_LINE_SIZE));
-        int16_t * a16 = (int16_t *) ((char *) da + GGML_PAD(DSC_MMID_SGEMM_COLS * nb * sizeof(float), CACHE_LINE_SIZE));
-        float * Cr[DSC_MMID_SGEMM_COLS];
+        uint8_t * w8  = (uint8_t *) c + GGML_PAD(GGML_DSC_MMID_SGEMM_ROWS * GGML_DSC_MMID_SGEMM_COLS * sizeof(float), CACHE_LINE_SIZE);
+        int32_t * off = (int32_t *) (w8 + GGML_PAD(GGML_DSC_MMID_SGEMM_ROWS/8 * nb * DSC_MMID_G8_BYTES, CACHE_LINE_SIZE));
+        float   * da  = (float *) ((char *) off + GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * nb * sizeof(int32_t), CACHE_LINE_SIZE));
+        int16_t * a16 = (int16_t *) ((char *) da + GGML_PAD(GGML_DSC_MMID_SGEMM_COLS * nb * sizeof(float), CACHE_LINE_SIZE));
+        float * Cr[GGML_DSC_MMID_SGEMM_COLS];
         for (int64_t j = 0; j < nc; ++j) {
             const struct mmid_row_mapping rm = expert_rows[ir1_start + j];
             Cr[j] = (float *) ((char *) dst->data + (rm.i1*nb1 + rm.i2*nb2));
@@ -601,8 +601,8 @@ bool ggml_dsc_mul_mat_id_expert(
     const int ith = params->ith;
 
     if (dsc_scratch_size > 0 && cne1 >= 2) {
-        const int64_t nchunk0 = (ne01 + DSC_MMID_SGEMM_ROWS - 1) / DSC_MMID_SGEMM_ROWS;
-        const int64_t nchunk1 = (cne1 + DSC_MMID_SGEMM_COLS - 1) / DSC_MMID_SGEMM_COLS;
+        const int64_t nchunk0 = (ne01 + GGML_DSC_MMID_SGEMM_ROWS - 1) / GGML_DSC_MMID_SGEMM_ROWS;
+        const int64_t nchunk1 = (cne1 + GGML_DSC_MMID_SGEMM_COLS - 1) / GGML_DSC_MMID_SGEMM_COLS;
         // even chunks; rows in multiples of 4 (tinyBLAS' tile height)
         const int64_t dr0 = GGML_PAD((ne01 + nchunk0 - 1) / nchunk0, 4);
         const int64_t dr1 = (cne1 + nchunk1 - 1) / nchunk1;

@@ -58,7 +58,7 @@ bool ggml_dsc_mul_mat_quantized(const struct ggml_compute_params * params, struc
         return true;
     }
 #endif
-    // deepseek-cpu: q5_0 and q8_0 ones through 0017's expert GEMM (dsc/mul-mat-id-experts.c)
+    // deepseek-cpu: q5_0 and q8_0 ones through the broadcast expert GEMM (dsc/mul-mat-id-experts.c)
     return ggml_dsc_mul_mat_g8(params, dst, wdata);
 }
 

@@ -19,9 +19,9 @@
 // caused it. A diagnostic: one process, one context at a time (the table is not locked).
 // "own" is the part before thread 0 reaches that barrier: a node whose total is far above its own time
 // waited for another thread.
-// (DSC_PROF_MAX rows: dsc/dsc-tuning.h)
+// (GGML_DSC_PROF_MAX rows: dsc/dsc-tuning.h)
 struct dsc_prof_entry { char key[96]; double s; double own; int64_t n; };
-static struct dsc_prof_entry dsc_prof[DSC_PROF_MAX];
+static struct dsc_prof_entry dsc_prof[GGML_DSC_PROF_MAX];
 static int dsc_prof_n = 0;
 static int dsc_prof_on = -1;
 
@@ -81,7 +81,7 @@ static void dsc_prof_add(const struct ggml_tensor * node, int n_fused, double dt
             return;
         }
     }
-    if (dsc_prof_n < DSC_PROF_MAX) {
+    if (dsc_prof_n < GGML_DSC_PROF_MAX) {
         snprintf(dsc_prof[dsc_prof_n].key, sizeof(dsc_prof[0].key), "%s", key);
         dsc_prof[dsc_prof_n].s = dt;
         dsc_prof[dsc_prof_n].own = own;

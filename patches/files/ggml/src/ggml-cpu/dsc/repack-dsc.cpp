@@ -80,7 +80,7 @@ void ggml_dsc_interleave_q4_0x8_4u(const block_q4_0 * in, block_q4_0x8 * out_p) 
 // deepseek-cpu: for one token every used expert has one row, and splitting each expert's rows in
 // halves (below) ties the op to the slower thread: on a shared machine one core often streams
 // weights more slowly than the other, and the faster one then waits at the barrier (12-19% of the
-// op's time in 0054's op profile). Instead the used experts' rows are cut into chunks, a few per
+// op's time in the op profile). Instead the used experts' rows are cut into chunks, a few per
 // expert and thread, that the threads take as they ask. Every row is still one GEMV over its own
 // 8-row group, so the sums are the same.
 bool ggml_dsc_mmid_one_token_begin(const struct ggml_dsc_mmid * dsc) {

@@ -675,7 +675,7 @@ static inline __m256i ggml_dsc_q4_K_row_mins(const __m128i dec[8], const int16_t
 // 4 k is unpacked into sub-blocks 2j (low nibbles) and 2j+1 (high), each meeting a 4-byte broadcast of
 // the row in one maddubs. The integer sums are exact, and the float steps are the stock kernel's
 // (isum x (d x d_a) and mins x (dmin x d_a) accumulated super-block by super-block, subtracted at the
-// end), so results are those of 0020's kernel on the 8x8 layout.
+// end), so results are those of the broadcast q4_K GEMV on the 8x8 layout.
 template <int NS>
 static void gemv_q4_K_8x4u_q8_K_avx2_ns(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     const int nb = n / QK_K;

@@ -1,8 +1,11 @@
-"""DeepSeek-V2 / V3 checkpoints (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) -> deepseek2 GGUF.
+"""DeepSeek-V2 / V3 / V3.2 checkpoints (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM ->
+deepseek2 GGUF; DeepseekV32ForCausalLM -> deepseek32 GGUF).
 
-Covers V2, V2-Lite, Coder-V2(-Lite), V2.5, V3 and R1 as published on the hub: bf16
+Covers V2, V2-Lite, Coder-V2(-Lite), V2.5, V3, R1, V3.1 and V3.2 as published on the hub: bf16
 safetensors shards, per-expert tensors, and config.json in DeepSeek's original form
-(`rope_scaling`) or transformers 5's (`rope_parameters`).
+(`rope_scaling`) or transformers 5's (`rope_parameters`). V3.2 is V3 plus, in every layer, the
+DSA "lightning indexer" (its own q/k projections, a LayerNorm on its key, per-head weights)
+that picks the `index_topk` keys each query attends to.
 
 The output is MLA-ready: kv_b_proj is split into attn_k_b (transposed per head) and
 attn_v_b, so the engine can attend in the compressed latent space; routed experts are
@@ -32,9 +35,14 @@ from .quantized import q4_0_as_q4_1
 
 log = logging.getLogger("deepseek_cpu.conversion")
 
-ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-ARCH = "deepseek2"
+ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
+MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
+ARCH = "deepseek2"      # the GGUF architecture of V2 / V3
+ARCH_DSA = "deepseek32"  # of V3.2 (MLA + DSA): llama.cpp's DEEPSEEK32 graph
+# the indexer's config keys (all required for V3.2): heads, head size, keys kept per query, and the
+# GGUF keys llama.cpp's loader reads them from (spelled out: gguf-py has names for them from 0.19 on)
+INDEXER_KEYS = {"index_n_heads": "attention.indexer.head_count", "index_head_dim": "attention.indexer.key_length",
+                "index_topk": "attention.indexer.top_k"}
 
 # integer fields of config.json that may be absent or null (the required ones are listed in
 # DeepseekConverter.__init__); a string or float there is a broken config, not a model
@@ -86,11 +94,12 @@ class TensorSpec:
 # state_dict order, in which the published checkpoints are sharded.
 _LAYER_MODULES = ("self_attn.q_proj", "self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
                   "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
-                  "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.experts", "mlp.gate",
+                  "self_attn.o_proj", "self_attn.indexer.wq_b", "self_attn.indexer.wk", "self_attn.indexer.k_norm",
+                  "self_attn.indexer.weights_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.experts", "mlp.gate",
                   "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
                   "input_layernorm", "post_attention_layernorm")
 _MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
-_PARAMS = ("weight", "e_score_correction_bias")
+_PARAMS = ("weight", "bias", "e_score_correction_bias")
 _OUTSIDE_LAYERS = {"model.embed_tokens.weight": 0, "model.norm.weight": 2, "lm_head.weight": 3}  # layers: 1
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.(\w+)|(.+))\.(\w+)$")
 
@@ -122,7 +131,10 @@ class DeepseekConverter:
         self.cfg = config
         self.dir = Path(model_dir)
         self.hf_arch = (config.get("architectures") or [None])[0]
-        self.is_v3 = self.hf_arch == "DeepseekV3ForCausalLM" or config.get("model_type") == "deepseek_v3"
+        self.is_v32 = self.hf_arch == "DeepseekV32ForCausalLM" or config.get("model_type") == "deepseek_v32"
+        # V3.2 routes and scales as V3 does
+        self.is_v3 = self.is_v32 or self.hf_arch == "DeepseekV3ForCausalLM" or config.get("model_type") == "deepseek_v3"
+        self.arch = ARCH_DSA if self.is_v32 else ARCH
         need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size"]
         missing = [k for k in need if config.get(k) is None]
@@ -133,6 +145,8 @@ class DeepseekConverter:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (k in need)):
                 raise ConversionError(f"{self.dir}/config.json: {k} must be a {'positive' if k in need else 'non-negative'} "
                                       f"integer, not {v!r}")
+        if self.is_v32:
+            self._check_indexer(config)
         self.n_layer = int(config["num_hidden_layers"])
         self.n_head = int(config["num_attention_heads"])
         self.q_lora = config.get("q_lora_rank")
@@ -147,12 +161,34 @@ class DeepseekConverter:
         # "dequantized to bf16: why"); filled by plan()
         self.int4_import: dict[str, str] = {}
 
+    def _check_indexer(self, c: dict) -> None:
+        """V3.2's indexer settings, as the engine can run them (else one clear error, before
+        anything is written)."""
+        missing = [k for k in (*INDEXER_KEYS, "q_lora_rank") if c.get(k) is None]
+        if missing:
+            raise ConversionError(f"{self.dir}/config.json lacks {', '.join(missing)} "
+                                  f"(DeepseekV32ForCausalLM needs the indexer's settings and q_lora_rank)")
+        for k in INDEXER_KEYS:
+            v = c[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConversionError(f"{self.dir}/config.json: {k} must be a positive integer, not {v!r}")
+        d, rope_dim = c["index_head_dim"], c.get("qk_rope_head_dim")
+        if d < 64 or d & (d - 1):
+            # the engine rotates the indexer's keys by a Hadamard matrix of a power-of-two size >= 64
+            raise ConversionError(f"{self.dir}/config.json: index_head_dim {d} is not supported "
+                                  f"(a power of two >= 64, as DeepSeek-V3.2's 128)")
+        if isinstance(rope_dim, int) and rope_dim > d:
+            raise ConversionError(f"{self.dir}/config.json: qk_rope_head_dim {rope_dim} exceeds index_head_dim {d} "
+                                  f"(the indexer's head holds the rotary part)")
+
     # -- description -------------------------------------------------------------
 
     def describe(self) -> str:
+        dsa = (f", DSA indexer {self.cfg['index_n_heads']}x{self.cfg['index_head_dim']} top-{self.cfg['index_topk']}"
+               if self.is_v32 else "")
         return (f"{self.hf_arch}: {self.n_layer} layers, hidden {self.cfg['hidden_size']}, "
                 f"{self.n_expert} experts ({self.topk_method}, {self.scoring}), "
-                f"q-LoRA {self.q_lora or 'none'}, rope {self.rope['rope_type']}")
+                f"q-LoRA {self.q_lora or 'none'}, rope {self.rope['rope_type']}{dsa}")
 
     def is_moe_layer(self, i: int) -> bool:
         return self.n_expert > 0 and i >= self.first_dense and i % self.moe_freq == 0
@@ -185,6 +221,9 @@ class DeepseekConverter:
         w.add_rope_freq_base(float(self.rope["rope_theta"]))
         self._write_rope_scaling(w)
         self._write_routing(w)
+        if self.is_v32:
+            for key, gguf_key in INDEXER_KEYS.items():
+                w.add_uint32(f"{self.arch}.{gguf_key}", int(c[key]))
 
     def _write_rope_scaling(self, w: gguf.GGUFWriter) -> None:
         r = self.rope
@@ -232,7 +271,8 @@ class DeepseekConverter:
                     raise ConversionError(f"n_routed_experts {self.n_expert} is not a multiple of n_group {n_group}")
                 w.add_expert_group_count(n_group)
                 w.add_expert_group_used_count(topk_group)
-            w.add_uint32(f"{ARCH}.expert_group_score_topk", GROUP_SCORE_TOPK[self.topk_method])
+            if self.arch == ARCH:  # our engine's key for deepseek2; DEEPSEEK32 ranks groups as V3 does
+                w.add_uint32(f"{ARCH}.expert_group_score_topk", GROUP_SCORE_TOPK[self.topk_method])
         elif self.topk_method != "greedy":
             raise ConversionError(f"topk_method {self.topk_method!r} is not supported "
                                   f"(greedy, group_limited_greedy or noaux_tc)")
@@ -274,6 +314,14 @@ class DeepseekConverter:
             table.append(TensorSpec(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), kvb, kvb_shape, "k_b"))
             table.append(TensorSpec(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), kvb, kvb_shape, "v_b"))
             direct(b + "attn_output.weight", p + "self_attn.o_proj.weight", (H, self.n_head * v_dim))
+            if self.is_v32:
+                n_idx, d_idx = int(c["index_n_heads"]), int(c["index_head_dim"])
+                ix = p + "self_attn.indexer."
+                direct(b + "indexer.attn_q_b.weight", ix + "wq_b.weight", (n_idx * d_idx, int(self.q_lora)))
+                direct(b + "indexer.attn_k.weight", ix + "wk.weight", (d_idx, H))
+                direct(b + "indexer.k_norm.weight", ix + "k_norm.weight", (d_idx,))
+                direct(b + "indexer.k_norm.bias", ix + "k_norm.bias", (d_idx,))
+                direct(b + "indexer.proj.weight", ix + "weights_proj.weight", (n_idx, H))
             direct(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
             if not self.is_moe_layer(i):
                 direct(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", (n_ff, H))

@@ -81,6 +81,25 @@ def test_good_input_converts(tmp_path, out_dir):
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+V32 = dict(architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32",
+           index_n_heads=8, index_head_dim=64, index_topk=16)
+
+
+@pytest.mark.parametrize("change, needles", [
+    ({"index_topk": None}, ("lacks index_topk",)),
+    ({"index_n_heads": 0}, ("index_n_heads must be a positive integer, not 0",)),
+    ({"index_head_dim": 32}, ("index_head_dim 32 is not supported", "power of two >= 64")),
+    ({"index_head_dim": 96}, ("index_head_dim 96 is not supported",)),
+    ({"q_lora_rank": None}, ("lacks q_lora_rank",)),
+])
+def test_v32_indexer_settings_the_engine_cannot_run_are_clear_errors(tmp_path, out_dir, change, needles):
+    """DeepSeek-V3.2's indexer as the engine can run it, else one line naming the key: 32-wide
+    heads abort llama.cpp at context creation (its Hadamard rotation has no 32x32 matrix)."""
+    model = copy_fixture(tmp_path / "v3", "v3_noaux")
+    edit_config(model, **{**V32, **change})
+    check_fails(model, out_dir, ConversionError, "config.json", *needles)
+
+
 def test_unsupported_architecture_lists_supported(tmp_path, out_dir):
     model = copy_fixture(tmp_path / SMALL)
     edit_config(model, architectures=["LlamaForCausalLM"], model_type="llama")
@@ -425,7 +444,7 @@ def _break(kind, model: Path):
 
 @pytest.mark.parametrize("kind, needle", [
     ("nonexistent", "no such directory"),
-    ("unsupported", "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM"),
+    ("unsupported", "DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM"),
     ("missing-shard", SHARD2),
     ("shape-mismatch", "config.json implies"),
     ("missing-tokenizer", "tokenizer.json"),

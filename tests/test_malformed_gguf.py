@@ -193,3 +193,25 @@ def test_every_kind_of_damage_is_tried(mutants, outcomes):
     for kind in KINDS:
         got = [outcomes[str(p)]["outcome"] for p, what in mutants if what.startswith(kind + ":")]
         assert got.count("exception") > 0, (kind, got)
+
+
+# DeepSeek-V3.2's indexer settings that llama.cpp's graph asserts on (its Hadamard rotation has
+# matrices of power-of-two sizes >= 64 only): stock aborts at context creation
+V32_BAD = (("deepseek32.attention.indexer.key_length", 32), ("deepseek32.attention.indexer.key_length", 96),
+           ("deepseek32.attention.indexer.head_count", 0), ("deepseek32.attention.indexer.top_k", 0),
+           ("deepseek32.rope.dimension_count", 128))
+
+
+def test_v32_indexer_settings_the_graph_cannot_run_are_load_errors(converted, tmp_path):
+    valid = converted("v32_dsa", "f32")
+    offsets, base = _hparam_offsets(valid), valid.read_bytes()
+    paths = [valid]  # the positive control: the file as converted loads
+    for i, (key, value) in enumerate(V32_BAD):
+        data = bytearray(base)
+        data[offsets[key]: offsets[key] + 4] = struct.pack("<I", value)
+        paths.append(tmp_path / f"v32-{i}.gguf")
+        paths[-1].write_bytes(bytes(data))
+    out = _load_all(paths)
+    assert out[str(valid)]["outcome"] == "loaded", out[str(valid)]
+    for p, (key, value) in zip(paths[1:], V32_BAD):
+        assert out[str(p)]["outcome"] == "exception", (key, value, out[str(p)])

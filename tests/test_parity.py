@@ -190,3 +190,17 @@ def test_engine_reads_the_value_the_converter_wrote(converted, tmp_path, name, k
     changed = _with_value(converted(name, "f32"), tmp_path / "changed.gguf", key, other)
     err = rel_errors(engine_logits(changed, ref["tokens"]), ref["logits"])
     assert err.max() > 100 * TOL, f"{key} = {other!r} changed nothing (max relative error {err.max():.3g})"
+
+
+def test_v32_keeping_every_key_is_v3s_attention(converted):
+    """DeepSeek-V3.2 with the indexer's top-k at least the sequence is MLA over every earlier key:
+    transformers' logits for that (reference_fulltopk.npz, equal to DeepseekV3ForCausalLM's on the
+    same weights), with the top-k raised through the GGUF key the engine reads. With the fixture's
+    own top-16 of 40 the sparse selection changes every later position (test_logits_match_transformers)."""
+    ref = np.load(fixture_dir("v32_dsa") / "reference_fulltopk.npz")
+    got = engine_logits(converted("v32_dsa", "f32"), ref["tokens"],
+                        kv_overrides={"deepseek32.attention.indexer.top_k": int(ref["index_topk"])})
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"max relative error {err.max():.3g} at position {err.argmax()}"
+    sparse = np.load(fixture_dir("v32_dsa") / "reference.npz")["logits"]
+    assert np.abs(sparse - ref["logits"]).max() > 0.1  # the two references differ: the override took

@@ -190,7 +190,7 @@ def test_new_architecture_unsupported_without_plugin(plugin_site, toy_checkpoint
     r = cli(["convert", toy_checkpoint, out, "--quiet"], site=plugin_site, load_plugins="")
     assert r.returncode != 0
     assert f"architecture {TOY} is not supported" in r.stderr, r.stderr
-    assert "supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM" in r.stderr
+    assert "supported: DeepseekV2ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM" in r.stderr
     assert TOY not in r.stderr.split("supported:")[-1]
     assert not out.exists()
 

@@ -3,7 +3,8 @@
 safetensors is an 8-byte header length, a JSON header (name -> dtype, shape, byte
 offsets) and raw little-endian data. We map each file once and hand out numpy views,
 so reading a tensor costs only the pages it touches; bf16 is widened to f32 by a bit
-shift (bf16 is the top half of an IEEE f32).
+shift (bf16 is the top half of an IEEE f32), FP8 (e4m3, DeepSeek-V3's and later releases'
+projections) through a table of its 256 values. Block scales of FP8 weights: fp8.py.
 """
 from __future__ import annotations
 
@@ -35,9 +36,23 @@ class MissingShard(CheckpointError, FileNotFoundError):
 READ_CHUNK = 32 << 20
 
 _DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F8_E4M3": np.uint8,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
+
+
+def _e4m3_values() -> np.ndarray:
+    """float32 value of each FP8 e4m3 byte ("e4m3fn": sign, 4 exponent bits with bias 7, 3
+    mantissa bits; exponent 0 is subnormal; 0x7f and 0xff are NaN, there is no infinity)."""
+    b = np.arange(256)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp, man = (b >> 3) & 0xF, b & 0x7
+    v = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp - 7.0)) * sign
+    v[(b & 0x7F) == 0x7F] = np.nan
+    return v.astype(np.float32)
+
+
+E4M3 = _e4m3_values()
 
 
 @dataclass(frozen=True)
@@ -157,6 +172,8 @@ class Checkpoint:
             piece = src[i:i + step]
             if r.dtype == "BF16":  # bf16 is the top half of an f32
                 np.left_shift(piece, 16, out=dst[i:i + step].view(np.uint32), dtype=np.uint32)
+            elif r.dtype == "F8_E4M3":
+                np.take(E4M3, piece, out=dst[i:i + step])
             else:
                 dst[i:i + step] = piece
             if i + step < src.size:

@@ -311,7 +311,7 @@ def quantization_format(config: dict, ckpt: Checkpoint) -> _Format | None:
         return None
     if not isinstance(qc, dict):
         raise UnsupportedQuantization(f"config.json quantization_config must be an object, not {qc!r}")
-    method = _field(qc, "quant_method", tuple(FORMATS))
+    method = _field(qc, "quant_method", (*FORMATS, "fp8"))
     return FORMATS[method](qc, ckpt)
 
 
@@ -369,6 +369,10 @@ def open_checkpoint(model_dir: Path, config: dict, exact: bool = True):
     quantized (exact=False: its weights are only offered dequantized)."""
     ckpt = Checkpoint(model_dir)
     try:
+        qc = config.get("quantization_config")
+        if isinstance(qc, dict) and qc.get("quant_method") == "fp8":  # DeepSeek's own releases
+            from .fp8 import FP8Checkpoint
+            return FP8Checkpoint(ckpt, qc)
         fmt = quantization_format(config, ckpt)
     except BaseException:
         ckpt.close()

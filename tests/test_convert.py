@@ -127,15 +127,53 @@ def test_config_weight_shape_mismatch(tmp_path, out_dir, key, value, tensor):
     assert "shape" in msg or "not understood" in msg
 
 
+def _drop_tensor(model: Path, name: str) -> None:
+    """Remove `name` from its shard's header and from the index (its bytes stay, unreferenced)."""
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shard = model / index["weight_map"].pop(name)
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    del header[name]
+    new = json.dumps(header, separators=(",", ":")).encode()
+    assert len(new) <= n
+    new = new.ljust(n)  # same length: the data offsets stay valid
+    shard.write_bytes(data[:8] + new + data[8 + n:])
+
+
+@pytest.mark.parametrize("change, exc, needles", [
+    (("config", {"weight_block_size": [16, 16]}), CheckpointError, ("weight_scale_inv has shape", "16x16 blocks needs")),
+    (("config", {"weight_block_size": "128"}), ConversionError, ("weight_block_size must be two positive integers",)),
+    (("config", {"fmt": "e5m2"}), ConversionError, ("fp8 format 'e5m2' is not supported",)),
+    (("drop", "model.layers.1.self_attn.o_proj.weight_scale_inv"), CheckpointError,
+     ("model.layers.1.self_attn.o_proj.weight has no",)),
+])
+def test_fp8_checkpoint_damage_is_a_clear_error(tmp_path, out_dir, change, exc, needles):
+    """DeepSeek's FP8 release format (e4m3 weights, float32 scales per block): a scale that does not
+    fit its weight's blocks, a missing scale, a block size or format we cannot read -- one line
+    naming the tensor or key, nothing written. The undamaged copy converts (test_parity, v3_fp8)."""
+    model = copy_fixture(tmp_path / "fp8", "v3_fp8")
+    kind, what = change
+    if kind == "config":
+        cfg = json.loads((model / "config.json").read_text())
+        cfg["quantization_config"].update(what)
+        (model / "config.json").write_text(json.dumps(cfg))
+    else:
+        _drop_tensor(model, what)
+    check_fails(model, out_dir, exc, *needles)
+
+
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tensor_table_is_the_fixture_checkpoints(name):
     """The converter's tensor table, from config.json alone, lists exactly the tensors (names
     and shapes) of each fixture checkpoint; make_fixtures.py writes those from its own list,
-    which transformers' save_pretrained confirmed."""
-    from deepseek_cpu.converters.checkpoint import Checkpoint
+    which transformers' save_pretrained confirmed (an FP8 checkpoint as the converter reads it:
+    each weight with its block scale applied)."""
     from deepseek_cpu.converters.deepseek import checkpoint_tensors
+    from deepseek_cpu.converters.quantized import open_checkpoint
     cfg = json.loads((fixture_dir(name) / "config.json").read_text())
-    ck = Checkpoint(fixture_dir(name))
+    ck = open_checkpoint(fixture_dir(name), cfg)
     try:
         real = {n: ck.shape(n) for n in ck.names()}
     finally:

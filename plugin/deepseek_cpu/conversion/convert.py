@@ -18,6 +18,10 @@ logged with the reason (logger "deepseek_cpu.conversion"). general.file_type the
 q4_1 / q4_0, the type of the bulk of the weights. Settings that cannot be read (3-bit
 codes, an unknown quant_method or format) raise UnsupportedQuantization naming the
 config field and value, before anything is written. See converters/quantized.py.
+
+FP8 checkpoints as DeepSeek publishes V3, R1, V3.1 and V3.2 (quant_method "fp8": e4m3 weights
+with a float32 scale per 128x128 block) are read to float32, each weight times its block's
+scale, and converted like a float checkpoint (converters/fp8.py).
 """
 from __future__ import annotations
 

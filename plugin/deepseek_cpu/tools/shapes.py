@@ -56,9 +56,9 @@ REAL_CONFIGS["v2"] = {
     "topk_group": 3, "topk_method": "group_limited_greedy", "rope_scaling": dict(_V2_ROPE),
 }
 REAL_CONFIGS |= {
-    # deepseek-ai/DeepSeek-V3 (671B; R1 and V3-0324 have the same shapes). The release is FP8
-    # with per-block scales and one multi-token-prediction layer (61); the converter works on
-    # the bf16 form and drops MTP, so neither appears here.
+    # deepseek-ai/DeepSeek-V3 (671B; R1, V3-0324 and V3.1 have the same shapes). The release is
+    # FP8 with per-block scales (converters/fp8.py reads it to float) and one multi-token-
+    # prediction layer (61), which the converter drops: neither changes the GGUF's tensors here.
     "v3": {
         "_name_or_path": "deepseek-ai/DeepSeek-V3",
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
@@ -77,6 +77,14 @@ REAL_CONFIGS |= {
         "v_head_dim": 128, "vocab_size": 129280,
     },
 }
+# deepseek-ai/DeepSeek-V3.2-Exp (and V3.2): V3's network plus, in every layer, the DSA lightning
+# indexer (64 heads of 128, each query attends to its top 2048 keys)
+REAL_CONFIGS["v3.2"] = {
+    **REAL_CONFIGS["v3"], "_name_or_path": "deepseek-ai/DeepSeek-V3.2-Exp",
+    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+    "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
+    "rope_scaling": dict(REAL_CONFIGS["v3"]["rope_scaling"]),
+}
 # deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct: the same network as V2-Lite
 REAL_CONFIGS["coder-v2-lite"] = {**REAL_CONFIGS["v2-lite"], "_name_or_path": "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
                                  "rope_scaling": dict(_V2_ROPE)}
@@ -87,6 +95,7 @@ TOKENIZERS = {
     "coder-v2-lite": ("0.1.0", "deepseek-coder"),
     "v2": ("0.1.0", None),
     "v3": ("0.3.0", None),
+    "v3.2": ("0.3.0", None),
 }
 SHAPES = tuple(REAL_CONFIGS)
 

@@ -81,7 +81,7 @@ class FP8Checkpoint:
             return w
         s = self.inner.f32(scale)
         bo, bi = self.block
-        rows, cols = w.shape
+        cols = w.shape[1]
         # in place, one block row at a time: no second full-size temporary
         for r in range(s.shape[0]):
             band = w[r * bo:(r + 1) * bo]

@@ -4,7 +4,8 @@ safetensors is an 8-byte header length, a JSON header (name -> dtype, shape, byt
 offsets) and raw little-endian data. We map each file once and hand out numpy views,
 so reading a tensor costs only the pages it touches; bf16 is widened to f32 by a bit
 shift (bf16 is the top half of an IEEE f32), FP8 (e4m3, DeepSeek-V3's and later releases'
-projections) through a table of its 256 values. Block scales of FP8 weights: fp8.py.
+projections; ue8m0, V4's block scales) through a table of its 256 values. Block scales of
+FP8 weights and V4's MXFP4 experts: fp8.py.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ READ_CHUNK = 32 << 20
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F8_E4M3": np.uint8,
+    "F8_E8M0": np.uint8,  # a power of two 2^(byte - 127): DeepSeek-V4's block scales (fp8.py)
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
 
@@ -53,6 +55,8 @@ def _e4m3_values() -> np.ndarray:
 
 
 E4M3 = _e4m3_values()
+# float32 value of each UE8M0 byte: 2^(b - 127), 0xff is NaN (OCP MX spec); 2^-127 is a float32 subnormal
+E8M0 = np.where(np.arange(256) == 255, np.nan, np.ldexp(1.0, np.arange(256) - 127)).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ class Checkpoint:
                 np.left_shift(piece, 16, out=dst[i:i + step].view(np.uint32), dtype=np.uint32)
             elif r.dtype == "F8_E4M3":
                 np.take(E4M3, piece, out=dst[i:i + step])
+            elif r.dtype == "F8_E8M0":
+                np.take(E8M0, piece, out=dst[i:i + step])
             else:
                 dst[i:i + step] = piece
             if i + step < src.size:

@@ -371,8 +371,8 @@ def open_checkpoint(model_dir: Path, config: dict, exact: bool = True):
     try:
         qc = config.get("quantization_config")
         if isinstance(qc, dict) and qc.get("quant_method") == "fp8":  # DeepSeek's own releases
-            from .fp8 import FP8Checkpoint
-            return FP8Checkpoint(ckpt, qc)
+            from .fp8 import BlockScaledCheckpoint
+            return BlockScaledCheckpoint(ckpt, qc)
         fmt = quantization_format(config, ckpt)
     except BaseException:
         ckpt.close()

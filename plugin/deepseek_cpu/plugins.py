@@ -13,6 +13,7 @@ ENTRY_POINT_GROUP = "deepseek_cpu"
 # Built-in plugins, registered exactly like external ones.
 DEFAULT_PLUGINS = (
     "deepseek_cpu.converters.deepseek",
+    "deepseek_cpu.converters.deepseek_v4",
     "deepseek_cpu.quantization.builtin",
     "deepseek_cpu.runtime.prefetch",
     # the commands, one module per job (commands/)

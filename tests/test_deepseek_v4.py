@@ -1,0 +1,142 @@
+"""DeepSeek-V4 (DeepseekV4ForCausalLM -> deepseek4): the converter and the engine against transformers.
+
+The fixture tests/fixtures/v4_flash (make_v4_fixture.py) is a tiny V4 stored as DeepSeek publishes
+V4-Flash: DeepSeek's tensor names, FP8 projections with UE8M0 block scales, MXFP4 routed experts,
+a hash-routed layer, sliding-window / CSA / HCA layers, an MTP block; reference.npz holds
+transformers' float32 logits for 160 tokens (longer than the window, the HCA ratio 128 and the
+indexer's reach), from the dequantized weights.
+"""
+import json
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+from conftest import fixture_dir
+from test_convert import _drop_tensor, assert_nothing_written, edit_config
+from test_parity import TOL, _with_value, engine_logits, rel_errors
+
+NAME = "v4_flash"
+N_CTX = 256
+
+
+def reference():
+    return np.load(fixture_dir(NAME) / "reference.npz")
+
+
+@pytest.mark.parametrize("n_batch", [256, 37, 1], ids=["one_batch", "batches_of_37", "token_by_token"])
+def test_f32_logits_match_transformers(converted, n_batch):
+    """Every position within 1e-4 of transformers, in one batch, in batches that cut the compressors'
+    windows (4 and 128 tokens) anywhere, and one token at a time (the compressors' carried state)."""
+    ref = reference()
+    got = engine_logits(converted(NAME, "f32"), ref["tokens"], n_batch=n_batch, n_ctx=N_CTX)
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= TOL, f"max relative error {err.max():.3g} at position {err.argmax()}"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
+    # the fixture reaches what it is meant to: margins clear of round-off
+    assert ref["indexer_margin"].min() > 1e-3 and ref["routing_margin"].min() > 1e-3
+
+
+def test_published_precision_is_stored_exactly(converted):
+    """The default conversion keeps DeepSeek's values bit for bit: MXFP4 experts as GGML MXFP4, FP8 x
+    power-of-two scales as bf16, F32 as F32, the hash table as I32; each tensor dequantized equals the
+    f32 conversion (whose logits match transformers). The engine runs it; on random weights the
+    activations' rounding (bf16, and q8 beside MXFP4) flips near-tie routing, so top-1 is what is asserted."""
+    exact = gguf.GGUFReader(converted(NAME, "bf16"))
+    full = {t.name: t for t in gguf.GGUFReader(converted(NAME, "f32")).tensors}
+    types = {}
+    for t in exact.tensors:
+        types[t.name] = t.tensor_type.name
+        ref = full[t.name]
+        if t.tensor_type == gguf.GGMLQuantizationType.I32:
+            assert np.array_equal(t.data, ref.data), t.name
+            continue
+        got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(ref.data.shape)
+        assert np.array_equal(got, ref.data), t.name
+    assert types["blk.1.ffn_gate_exps.weight"] == "MXFP4" and types["blk.1.attn_q_a.weight"] == "BF16"
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32" and types["blk.1.hc_attn_fn.weight"] == "F32"
+    assert types["blk.1.attn_compressor_ape.weight"] == "F32" and types["blk.1.attn_sinks.weight"] == "F32"
+    ref = reference()
+    got = engine_logits(converted(NAME, "bf16"), ref["tokens"], n_ctx=N_CTX)
+    assert np.isfinite(got).all()
+    assert (got.argmax(1) == ref["logits"].argmax(1)).mean() >= 0.9
+
+
+def test_tensor_table_is_the_fixture_checkpoint():
+    """The table from config.json alone names exactly the checkpoint's tensors (logical shapes: an
+    MXFP4 byte holds two values), the MTP block aside."""
+    from deepseek_cpu.converters.deepseek_v4 import DeepseekV4Converter
+    from deepseek_cpu.converters.quantized import open_checkpoint
+    cfg = json.loads((fixture_dir(NAME) / "config.json").read_text())
+    ck = open_checkpoint(fixture_dir(NAME), cfg)
+    try:
+        real = {n: ck.shape(n) for n in ck.names() if not n.startswith("mtp.")}
+    finally:
+        ck.close()
+    assert DeepseekV4Converter(cfg, fixture_dir(NAME)).checkpoint_tensors() == real
+
+
+# (GGUF key the converter writes, another value the engine also runs)
+ENGINE_READ_KEYS = [("deepseek4.attention.indexer.top_k", 4), ("deepseek4.attention.sliding_window", 8),
+                    ("deepseek4.hyper_connection.sinkhorn_iterations", 3), ("deepseek4.expert_weights_norm", False)]
+
+
+@pytest.mark.parametrize("key,other", ENGINE_READ_KEYS, ids=[k.split(".", 1)[1] for k, _ in ENGINE_READ_KEYS])
+def test_engine_reads_the_value_the_converter_wrote(converted, tmp_path, key, other):
+    ref = reference()
+    changed = _with_value(converted(NAME, "f32"), tmp_path / "changed.gguf", key, other)
+    err = rel_errors(engine_logits(changed, ref["tokens"], n_ctx=N_CTX), ref["logits"])
+    assert err.max() > 100 * TOL, f"{key} = {other!r} changed nothing (max relative error {err.max():.3g})"
+
+
+def _copy(tmp_path):
+    return shutil.copytree(fixture_dir(NAME), tmp_path / NAME, ignore=shutil.ignore_patterns("reference.npz"))
+
+
+BAD_CONFIG = [
+    ({"compress_ratios": [0, 4, 128]}, ["compress_ratios", "one ratio per layer (4)"]),
+    ({"compress_ratios": [0, 4, 64, 4, 4]}, ["compress_ratios holds 64"]),
+    ({"scoring_func": "sigmoid"}, ["scoring_func 'sigmoid'"]),
+    ({"index_head_dim": 32}, ["index_head_dim 32"]),
+    ({"num_hash_layers": 9}, ["num_hash_layers"]),
+    ({"hc_mult": None}, ["lacks hc_mult"]),
+]
+
+
+@pytest.mark.parametrize("change,needles", BAD_CONFIG, ids=[next(iter(c)) for c, _ in BAD_CONFIG])
+def test_hyper_parameters_the_engine_cannot_run_are_clear_errors(tmp_path, change, needles):
+    from deepseek_cpu.conversion.convert import convert
+    from deepseek_cpu.converters.base import ConversionError
+    model = _copy(tmp_path)
+    edit_config(model, **change)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ConversionError) as ei:
+        convert(model, out / "m.gguf", outtype="f32", progress=False)
+    for n in needles:
+        assert n in str(ei.value), str(ei.value)
+    assert "\n" not in str(ei.value)
+    assert_nothing_written(out)
+
+
+BAD_TENSORS = [
+    ("layers.0.ffn.gate.tid2eid", ["layers.0.ffn.gate.tid2eid is missing"]),
+    ("layers.1.attn.wq_a.scale", ["layers.1.attn.wq_a.weight has no block scale"]),
+    ("layers.2.ffn.experts.3.w2.scale", ["layers.2.ffn.experts.3.w2.weight"]),
+]
+
+
+@pytest.mark.parametrize("drop,needles", BAD_TENSORS, ids=[d for d, _ in BAD_TENSORS])
+def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, drop, needles):
+    from deepseek_cpu.conversion.convert import convert
+    from deepseek_cpu.converters.checkpoint import CheckpointError
+    model = _copy(tmp_path)
+    _drop_tensor(model, drop)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CheckpointError) as ei:
+        convert(model, out / "m.gguf", outtype="f32", progress=False)
+    for n in needles:
+        assert n in str(ei.value), str(ei.value)
+    assert_nothing_written(out)

@@ -298,6 +298,29 @@ class DeepseekV4Converter:
             self.not_exact[spec.name] = f"{stored.lower()} -> {qtype.name.lower()}"
         return qtype
 
+    @staticmethod
+    def release_storage(spec: TensorSpec) -> str:
+        """How DeepSeek's V4 release stores a tensor's source (the dtype() names of fp8.py): routed
+        experts MXFP4, the hash table I32, mHC / sinks / position biases / routing bias F32, the
+        compressors, indexer weights, embeddings, norms and router BF16, the other projections FP8
+        with power-of-two scales. For synth, which imitates the release without a checkpoint."""
+        src = spec.sources[0]
+        if spec.op == "stack":
+            return "mxfp4"
+        if spec.op == "i32":
+            return "I32"
+        if src.startswith(("hc_head", )) or ".hc_" in src or src.endswith((".attn_sink", ".ape", "gate.bias")):
+            return "F32"
+        if ".compressor." in src or "weights_proj" in src or src.endswith(("norm.weight", "gate.weight")) \
+                or src in ("embed.weight", "head.weight"):
+            return "BF16"
+        return "fp8_pow2"
+
+    def published_type(self, spec: TensorSpec) -> gguf.GGMLQuantizationType:
+        """The GGUF type `convert` (default bf16) writes for this tensor of DeepSeek's release."""
+        stored = self.release_storage(spec)
+        return Q.I32 if stored == "I32" else self._qtype(spec, stored, Q.BF16)
+
     def _tid2eid(self, spec: TensorSpec) -> EncodedBlocks:
         ids = np.asarray(self.ckpt.raw(spec.sources[0]))
         n_expert = int(self.cfg["n_routed_experts"])

@@ -140,3 +140,40 @@ def test_a_damaged_checkpoint_is_a_clear_error(tmp_path, drop, needles):
     for n in needles:
         assert n in str(ei.value), str(ei.value)
     assert_nothing_written(out)
+
+
+def test_synth_types_are_those_convert_writes_for_the_release(converted):
+    """synth imitates a V4 release without a checkpoint (converter.release_storage): for the
+    fixture's config its table and types equal the GGUF convert wrote from the fixture, whose
+    storage make_v4_fixture.py chose independently."""
+    from deepseek_cpu.tools.shapes import converter_plan
+    cfg = json.loads((fixture_dir(NAME) / "config.json").read_text())
+    conv, specs = converter_plan(cfg)
+    real = {t.name: (t.tensor_type, tuple(int(x) for x in reversed(t.shape)))
+            for t in gguf.GGUFReader(converted(NAME, "bf16")).tensors}
+    assert [s.name for s in specs] == list(real)
+    for s in specs:
+        assert (conv.published_type(s), s.shape) == real[s.name], s.name
+
+
+def test_synth_writes_a_v4_file_the_engine_runs(tmp_path, monkeypatch):
+    """`synth --shape v4-flash` with the fixture's small dimensions (the real one is 3.4 GB a layer):
+    MXFP4 random blocks, a valid hash table, and a file the engine loads and decodes."""
+    from deepseek_cpu.tools import shapes, synth
+    cfg = json.loads((fixture_dir(NAME) / "config.json").read_text())
+    small = {**cfg, "_name_or_path": "deepseek-ai/DeepSeek-V4-Flash"}
+    monkeypatch.setitem(shapes.REAL_CONFIGS, "v4-flash", small)
+    path = synth.synthesize(tmp_path / "v4.gguf", shape="v4-flash", quant="bf16", tokenizer=str(fixture_dir(NAME)),
+                            progress=False)
+    r = gguf.GGUFReader(path)
+    t = {x.name: x for x in r.tensors}
+    ids = t["blk.0.ffn_gate_tid2eid.weight"].data
+    assert ids.min() >= 0 and ids.max() < cfg["n_routed_experts"]
+    assert all(len(set(row)) == len(row) for row in ids.tolist())
+    assert t["blk.1.ffn_up_exps.weight"].tensor_type == gguf.GGMLQuantizationType.MXFP4
+    w = gguf.quants.dequantize(t["blk.1.ffn_up_exps.weight"].data, gguf.GGMLQuantizationType.MXFP4)
+    assert 0.01 < float(w.std()) < 0.05 and abs(float(w.mean())) < 1e-3
+    with pytest.raises(synth.SynthError, match="--quant bf16"):
+        synth.synthesize(tmp_path / "q.gguf", shape="v4-flash", quant="q4_0", progress=False)
+    got = engine_logits(path, [0] + list(range(5, 60)), n_ctx=64)
+    assert np.isfinite(got).all()

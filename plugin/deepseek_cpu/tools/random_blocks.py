@@ -98,6 +98,9 @@ class RandomBlocks:
                     yield (x.view(np.uint32) >> 16).astype(np.uint16)
             return
         block, size = gguf.GGML_QUANT_SIZES[qtype]
+        if qtype == Q.MXFP4:
+            yield from self._mxfp4(n_elem // block, size)
+            return
         fields = SCALE_FIELDS.get(qtype)
         if fields is None:
             raise SynthError(f"synth cannot generate {qtype.name} blocks")
@@ -112,3 +115,19 @@ class RandomBlocks:
             if self.zero_mean and qtype in CENTRED:
                 _centre(raw, *CENTRED[qtype])
             yield raw.reshape(-1)
+
+    def _mxfp4(self, n_blocks: int, size: int):
+        """MXFP4 blocks: a UE8M0 scale byte then 16 bytes of random e2m1 codes (symmetric, so zero
+        mean; their values have std 2.93), the scale 2^-7 (std ~0.023 ~ SIGMA) jittered by 2^{-1,0,1}."""
+        per = CHUNK // size
+        for start in range(0, n_blocks, per):
+            nb = min(per, n_blocks - start)
+            raw = self._slice(self.pool, nb * size).copy().reshape(nb, size)
+            raw[:, 0] = 119 + raw[:, 0] % 3
+            yield raw.reshape(-1)
+
+    def expert_ids(self, shape: tuple[int, int], n_expert: int) -> np.ndarray:
+        """int32 [rows, k]: k distinct expert ids per row (a hash routing table)."""
+        rows, k = shape
+        start = self.rng.integers(0, n_expert, rows, dtype=np.int64)[:, None]
+        return ((start + np.arange(k)[None, :] * max(1, n_expert // k)) % n_expert).astype(np.int32)

@@ -85,6 +85,29 @@ REAL_CONFIGS["v3.2"] = {
     "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
     "rope_scaling": dict(REAL_CONFIGS["v3"]["rope_scaling"]),
 }
+# deepseek-ai/DeepSeek-V4-Flash (284B, 13B active), in DeepSeek's config form: 43 layers, the first
+# two sliding-window only, then CSA (ratio 4, with the lightning indexer) and HCA (ratio 128) in
+# turn, one more ratio for the MTP layer; the first 3 layers route by the token-id table. The
+# release stores projections as FP8 with UE8M0 128x128 block scales and the routed experts as
+# MXFP4 (what `convert` keeps: converters/deepseek_v4.py).
+REAL_CONFIGS["v4-flash"] = {
+    "_name_or_path": "deepseek-ai/DeepSeek-V4-Flash",
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+    "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu", "hidden_size": 4096,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
+    "num_hash_layers": 3, "sliding_window": 128, "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "compress_rope_theta": 160000, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-06, "rms_norm_eps": 1e-06, "max_position_embeddings": 1048576, "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False, "vocab_size": 129280, "torch_dtype": "bfloat16", "expert_dtype": "fp4",
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+}
 # deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct: the same network as V2-Lite
 REAL_CONFIGS["coder-v2-lite"] = {**REAL_CONFIGS["v2-lite"], "_name_or_path": "deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct",
                                  "rope_scaling": dict(_V2_ROPE)}
@@ -96,6 +119,7 @@ TOKENIZERS = {
     "v2": ("0.1.0", None),
     "v3": ("0.3.0", None),
     "v3.2": ("0.3.0", None),
+    "v4-flash": ("0.3.0", None),   # V4 keeps V3's 129280-token vocabulary
 }
 SHAPES = tuple(REAL_CONFIGS)
 
@@ -108,6 +132,8 @@ def real_config(shape: str, layers: int | None = None) -> dict:
         if layers < 1:
             raise SynthError("--layers must be at least 1")
         cfg["num_hidden_layers"] = min(int(layers), cfg["num_hidden_layers"])
+        if "num_hash_layers" in cfg:
+            cfg["num_hash_layers"] = min(cfg["num_hash_layers"], cfg["num_hidden_layers"])
     return cfg
 
 
@@ -116,8 +142,12 @@ def real_config(shape: str, layers: int | None = None) -> dict:
 # ------------------------------------------------------------------------------------
 
 def converter_for(cfg: dict):
+    where = Path(str(cfg.get("_name_or_path", "synthetic")))
+    if cfg.get("model_type") == "deepseek_v4":
+        from ..converters.deepseek_v4 import DeepseekV4Converter
+        return DeepseekV4Converter(cfg, where)
     from ..converters.deepseek import DeepseekConverter
-    return DeepseekConverter(cfg, Path(str(cfg.get("_name_or_path", "synthetic"))))
+    return DeepseekConverter(cfg, where)
 
 
 def converter_plan(cfg: dict):
@@ -125,3 +155,9 @@ def converter_plan(cfg: dict):
     the real checkpoint (one holding exactly the tensors the config requires), in order."""
     conv = converter_for(cfg)
     return conv, [spec for spec in conv.tensor_table() if spec.required]
+
+
+def is_published_precision(cfg: dict) -> bool:
+    """Shapes whose file keeps the release's own storage (V4: MXFP4 experts, bf16 from FP8) rather
+    than a quantization scheme's types."""
+    return cfg.get("model_type") == "deepseek_v4"

@@ -49,16 +49,19 @@ from ..quantization.schemes import RECIPES
 from .random_blocks import CENTRED, SCALE_FIELDS, UNQUANTIZED, RandomBlocks
 from .real_tokenizer import synth_tokenizer
 from .routing import Routing, RouterWriter
-from .shapes import REAL_CONFIGS, SHAPES, SynthError, converter_plan, real_config
+from .shapes import REAL_CONFIGS, SHAPES, SynthError, converter_plan, is_published_precision, real_config
 
 # synth's face: its own names and those of its parts that callers (the command, tests) use from here
-__all__ = ["SHAPE_KEY", "ROUTING_KEY", "synth_scheme", "SynthTensor", "synth_plan", "synthesize", "type_summary",
+__all__ = ["is_published_precision", "PUBLISHED", "SHAPE_KEY", "ROUTING_KEY", "synth_scheme", "SynthTensor", "synth_plan", "synthesize", "type_summary",
            "SynthError", "SHAPES", "real_config", "converter_plan", "RandomBlocks", "synth_tokenizer", "cache_root"]
 _CENTRED = CENTRED  # the quant types whose blocks are centred (tests read it by this name)
 
 Q = gguf.GGMLQuantizationType
 # the GGUF key a synthetic file carries: which real model's shapes it copies (read back by bench)
 SHAPE_KEY = "deepseek_cpu.synth.shape"
+# --quant for the shapes written in the release's own precision (tools/shapes.is_published_precision):
+# the types `convert` writes by default, bf16
+PUBLISHED = "bf16"
 ROUTING_KEY = "deepseek_cpu.synth.routing"  # what the routers were made to do (tools/routing.py)
 
 
@@ -103,18 +106,28 @@ class SynthTensor:
 
 def synth_plan(shape: str, quant: str, layers: int | None = None):
     """(cfg, converter, [SynthTensor]) for a synthetic file."""
-    scheme = synth_scheme(quant)
     cfg = real_config(shape, layers)
     conv, specs = converter_plan(cfg)
+    if is_published_precision(cfg):
+        if quant != PUBLISHED:
+            raise SynthError(f"{shape} is written as DeepSeek publishes it (MXFP4 experts, bf16 from FP8 x "
+                             f"2^k): --quant {PUBLISHED}; quantize that file for other types")
+        return cfg, conv, [SynthTensor(p.name, p.shape, conv.published_type(p), _kind(p)) for p in specs]
+    scheme = synth_scheme(quant)
     n_layer = cfg["num_hidden_layers"]
     out = []
     for p in specs:
         qt = scheme.tensor_type(p.name, p.shape, n_layer, p.qtype(Q.F16))
         if qt not in SCALE_FIELDS and qt not in UNQUANTIZED:
             raise SynthError(f"synth has no random blocks for {qt.name} ({p.name} in {quant})")
-        kind = "ones" if (len(p.shape) == 1 and "norm" in p.name) else ("bias" if p.name.endswith(".bias") else "weight")
-        out.append(SynthTensor(p.name, p.shape, qt, kind))
+        out.append(SynthTensor(p.name, p.shape, qt, _kind(p)))
     return cfg, conv, out
+
+
+def _kind(p) -> str:
+    if p.op == "i32":
+        return "expert_ids"
+    return "ones" if (len(p.shape) == 1 and "norm" in p.name) else ("bias" if p.name.endswith(".bias") else "weight")
 
 
 def _storage(t: SynthTensor):
@@ -160,7 +173,8 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
         routers = RouterWriter(cfg, routing, seed)
     except ValueError as e:
         raise SynthError(str(e)) from None
-    scheme = synth_scheme(quant)
+    file_type = (gguf.LlamaFileType.MOSTLY_MXFP4_MOE if is_published_precision(cfg)
+                 else synth_scheme(quant).file_type)
     full_layers = REAL_CONFIGS[shape]["num_hidden_layers"]
     truncated = cfg["num_hidden_layers"] != full_layers
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
@@ -173,7 +187,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     writer = gguf.GGUFWriter(None, conv.arch)
     rnd = RandomBlocks(seed, zero_mean=routing.kind != "random")
     try:
-        writer.add_file_type(int(scheme.file_type))
+        writer.add_file_type(int(file_type))
         if any(t.qtype not in UNQUANTIZED for t in tensors):
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         conv.write_metadata(writer)
@@ -203,7 +217,12 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
                 for c in it:
                     bar.update(c.nbytes)
                     yield c
-            data = routers.weights(t) if routers.takes(t) else rnd.chunks(t.qtype, t.n_elem, t.kind)
+            if t.kind == "expert_ids":   # V4's hash routing: k distinct experts per token id
+                data = iter([rnd.expert_ids(t.shape, int(cfg["n_routed_experts"]))])
+            elif routers.takes(t):
+                data = routers.weights(t)
+            else:
+                data = rnd.chunks(t.qtype, t.n_elem, t.kind)
             _write_streamed(writer, t.name, t.nbytes, counted(data))
             bar.set_postfix_str(t.name, refresh=False)
         bar.close()

@@ -12,8 +12,13 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
   --cont-batching         continuous batching (explicit, in case upstream's default changes)
   --metrics               Prometheus metrics on /metrics
   --jinja                 the GGUF's own chat template (DeepSeek's, as transformers renders it);
-                          tool calls and JSON-schema replies for V2.5/V3/R1 templates come from
-                          our handler in patches/files/common/parsers/ (docs/integrations.md)
+                          tool calls and JSON-schema replies for V2.5/V3/R1/V3.1 templates come
+                          from our handler in patches/files/common/parsers/ (docs/integrations.md)
+  --reasoning off         only for a template whose own default is not to think (DeepSeek-V3.1,
+                          V3.2, V4: `thinking` unset means off), so that a request that does not
+                          choose gets the model's default; llama-server would pass
+                          enable_thinking=true. A request still chooses per call with
+                          chat_template_kwargs {"thinking": true} or {"enable_thinking": true}
   -t/-tb                  physical cores of this process (affinity, cgroup quota)
   -fa off                 as deepseek_cpu.Llama: CPU flash attention costs accuracy
   --no-webui              the API only (the web UI is not built into our package)
@@ -84,6 +89,35 @@ def rpc_ctx_per_slot(model: str, header=None) -> int:
     return min(MAX_CTX_PER_SLOT, shape.n_ctx_train if shape else MAX_CTX_PER_SLOT)
 
 
+# llama-server flags that choose the template or the thinking default themselves
+_THINKING_FLAGS = ("--reasoning", "-rea", "--chat-template", "--chat-template-file", "--chat-template-kwargs")
+
+
+def template_thinks_by_default(template: str | None) -> bool | None:
+    """Whether a chat template, rendered for one user turn with no thinking variable set, opens a
+    thought the way it does when llama-server passes enable_thinking=true; None when it cannot
+    be rendered here or enable_thinking changes nothing (the template has no such switch)."""
+    if not template:
+        return None
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = raise_exception
+        tmpl = env.from_string(template)
+        ctx = dict(messages=[{"role": "user", "content": "x"}], add_generation_prompt=True,
+                   bos_token="", eos_token="", tools=None)
+        own, on = tmpl.render(**ctx), tmpl.render(**ctx, enable_thinking=True)
+    except Exception:  # a template Python's jinja2 cannot render: leave llama-server's default
+        return None
+    return None if own == on else False
+
+
 def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = DEFAULT_PARALLEL,
                   ctx_per_slot: int | None = None, threads: int | None = None, alias: str | None = None,
                   extra: tuple[str, ...] | list[str] = (), header=None) -> list[str]:
@@ -100,6 +134,9 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
     ]
     if alias:
         cmd += ["--alias", alias]
+    if header is not None and not any(a.split("=", 1)[0] in _THINKING_FLAGS for a in extra):
+        if template_thinks_by_default(header.get("tokenizer.chat_template")) is False:
+            cmd += ["--reasoning", "off"]
     return cmd + list(extra)
 
 

@@ -45,7 +45,8 @@ class ToolRequestError(DeepseekCpuError, ValueError):
 
 
 def is_deepseek_tool_template(template: str | None) -> bool:
-    """The same test as the server's (dsc_is_deepseek_tool_call_template)."""
+    """The fenced markup of V2.5/V3/R1 (the server's handler, dsc_is_deepseek_tool_call_template, also
+    takes V3.1's unfenced markup; in process V3.1 is not handled yet, issue #48)."""
     return bool(template) and CALLS_BEGIN in template and SEP in template and "```json" in template
 
 

@@ -1,8 +1,9 @@
-// deepseek-cpu: tool calls and JSON-schema replies for the chat templates of DeepSeek-V2.5, V3 and R1.
+// deepseek-cpu: tool calls and JSON-schema replies for the chat templates of DeepSeek-V2.5, V3, R1 and V3.1.
 //
 // Those templates write an assistant's tool calls as
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
 //   [\n<｜tool▁call▁begin｜>... more calls ...]<｜tool▁calls▁end｜>
+// (V3.1: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>, no type and no fence)
 // and tool results as <｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>...<｜tool▁output▁end｜>..., but they
 // never describe the tools themselves, and they render a call only when the message's content is null.
 // llama.cpp's template probe therefore finds no tool support in them, and its generic path ignored
@@ -16,7 +17,10 @@
 //   - parses the calls back (streaming included) into OpenAI tool_calls;
 //   - for response_format, constrains the reply to the schema's JSON.
 // R1's templates open a <think> block in the generation prompt; its reasoning is parsed when the
-// server extracts reasoning.
+// server extracts reasoning. V3.1's opens it in thinking mode and closes it (<think></think>) in
+// non-thinking mode, chosen by the template's `thinking` (else `enable_thinking`) variable: the
+// reply is a thought first exactly when the rendered prompt left <think> open, and nothing but
+// the answer (a call, the schema's JSON) when it closed it.
 
 #include "parsers.h"
 
@@ -26,11 +30,14 @@ static const char * const DSC_TC_CALL_BEGIN  = "<｜tool▁call▁begin｜>";
 static const char * const DSC_TC_CALL_END    = "<｜tool▁call▁end｜>";
 static const char * const DSC_TC_SEP         = "<｜tool▁sep｜>";
 
+// the fenced markup of V2.5 / V3 / R1 (V3.1 writes NAME<｜tool▁sep｜>ARGS, without type and fence)
+static bool dsc_fenced_arguments(const std::string & src) {
+    return src.find("```json") != std::string::npos;
+}
+
 bool dsc_is_deepseek_tool_call_template(const std::string & src) {
-    // the markup of V2.5 / V3 / R1; V3.1 writes its arguments without the ```json fence and has
-    // a template that describes tools, so llama.cpp's own path handles it
-    return src.find(DSC_TC_CALLS_BEGIN) != std::string::npos && src.find(DSC_TC_SEP) != std::string::npos &&
-           src.find("```json") != std::string::npos;
+    // V2.5 / V3 / R1 / V3.1; V3.2 and V4 (DSML markup) have their own handler, checked before this
+    return src.find(DSC_TC_CALLS_BEGIN) != std::string::npos && src.find(DSC_TC_SEP) != std::string::npos;
 }
 
 // the template tests `message['content'] is none` to render tool calls; the server has turned a
@@ -78,14 +85,20 @@ common_chat_params dsc_chat_params_init_deepseek_tool_calls(const common_chat_te
     const bool call_tools          = has_tools && inputs.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE;
     const bool require_tools       = call_tools && inputs.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED;
     const bool extract_reasoning   = thinks && inputs.reasoning_format != COMMON_REASONING_FORMAT_NONE;
-    const bool prompt_opens_think  = data.generation_prompt.find(THINK_START) != std::string::npos;
+    // the thought is open when the prompt's last <think> has no </think> after it (R1, V3.1 thinking),
+    // closed when it has (V3.1 non-thinking: <think></think>); else the model may open one (R1)
+    const size_t last_think_start  = data.generation_prompt.rfind(THINK_START);
+    const bool prompt_opens_think  = last_think_start != std::string::npos &&
+                                     data.generation_prompt.find(THINK_END, last_think_start) == std::string::npos;
+    const bool prompt_closes_think = last_think_start != std::string::npos && !prompt_opens_think;
+    const bool fenced              = dsc_fenced_arguments(tmpl.source());
 
     auto parser = build_chat_peg_parser([&](common_chat_peg_builder & p) {
         auto start = p.literal(data.generation_prompt);
         auto end   = p.end();
 
         common_peg_parser reasoning = p.eps();
-        if (extract_reasoning) {
+        if (extract_reasoning && !prompt_closes_think) {
             reasoning = prompt_opens_think ?
                 p.optional(p.reasoning(p.until(THINK_END)) + p.literal(THINK_END) + p.space()) :
                 p.optional(p.literal(THINK_START) + p.reasoning(p.until(THINK_END)) + p.literal(THINK_END) + p.space());
@@ -103,11 +116,13 @@ common_chat_params dsc_chat_params_init_deepseek_tool_calls(const common_chat_te
         foreach_function(inputs.tools, [&](const json & tool) {
             const auto &      function = tool.at("function");
             const std::string name     = function.at("name");
-            one_call |= p.rule("tool-" + name, p.tool(
-                p.tool_open(p.literal(DSC_TC_CALL_BEGIN) + p.literal("function") + p.literal(DSC_TC_SEP) +
-                            p.tool_name(p.literal(name)) + p.literal("\n```json\n")) +
-                p.tool_args(p.schema(p.json(), "tool-" + name + "-schema", common_chat_tool_parameters(function))) +
-                p.tool_close(p.space() + p.literal("```") + p.literal(DSC_TC_CALL_END))));
+            auto args = p.tool_args(p.schema(p.json(), "tool-" + name + "-schema", common_chat_tool_parameters(function)));
+            one_call |= p.rule("tool-" + name, fenced ?
+                p.tool(p.tool_open(p.literal(DSC_TC_CALL_BEGIN) + p.literal("function") + p.literal(DSC_TC_SEP) +
+                                   p.tool_name(p.literal(name)) + p.literal("\n```json\n")) +
+                       args + p.tool_close(p.space() + p.literal("```") + p.literal(DSC_TC_CALL_END))) :
+                p.tool(p.tool_open(p.literal(DSC_TC_CALL_BEGIN) + p.tool_name(p.literal(name)) + p.literal(DSC_TC_SEP)) +
+                       args + p.tool_close(p.literal(DSC_TC_CALL_END))));
         });
 
         auto more  = inputs.parallel_tool_calls ? p.repeat(p.space() + one_call, 0, -1) : p.eps();

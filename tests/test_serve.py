@@ -152,12 +152,30 @@ def test_concurrent_clients_all_answered_none_mixed(server):
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}', "application/json"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "application/json"),
     (b'[1, 2, 3]', "application/json"),
+    (b'{"messages": [{"content": "hi"}]}', "application/json"),
+    (b'{"messages": [{"role": 5, "content": "hi"}]}', "application/json"),
 ])
 def test_malformed_chat_requests_get_4xx_with_message(server, body, ctype):
     status, text = post(server.url + "/v1/chat/completions", body, ctype)
     assert 400 <= status < 500, (status, text)
     err = json.loads(text)["error"]
     assert err.get("message"), text
+
+
+@pytest.mark.parametrize("role", ["wizard", "User", ""])
+def test_unknown_role_is_a_400_naming_the_field(server, role):
+    """A role no chat template knows was skipped by the template and answered 200; now the
+    request is refused with the field named, and the server goes on serving."""
+    import openai
+    c = server.client()
+    messages = [{"role": "system", "content": "be brief"}, {"role": role, "content": "the cat sat"}]
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+    assert ei.value.status_code == 400
+    assert "messages[1].role" in str(ei.value) and "user" in str(ei.value), str(ei.value)
+    messages[1]["role"] = "user"  # still serving
+    r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize("body", [b"{}", b'{"prompt": 5}', b'{"prompt": "x", "n_predict": "y"}'])

@@ -39,6 +39,17 @@ def measure(model: str | os.PathLike, text: str | os.PathLike, ctx: int = 512, c
 
 
 
+PLOTS_INSTALL = "pip install 'deepseek-cpu[plots]'"
+
+
+def need_matplotlib(option: str) -> None:
+    """A one-line error, before any work, when `option` needs matplotlib and it is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DeepseekCpuError(f"{option} needs matplotlib, which is not installed: {PLOTS_INSTALL}") from None
+
+
 @click.command("experts")
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
 @click.option("--text", type=click.Path(exists=True, dir_okay=False), required=True, help="Text to route.")
@@ -46,12 +57,14 @@ def measure(model: str | os.PathLike, text: str | os.PathLike, ctx: int = 512, c
 @click.option("--chunks", type=int, default=None, help="At most this many chunks.")
 @click.option("--threads", type=int, default=None, help="Default: physical cores available.")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
-              help="Write the layer x expert heatmap and coverage curves here (needs matplotlib).")
+              help=f"Write the layer x expert heatmap and coverage curves here (needs matplotlib: {PLOTS_INSTALL}).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the counts here.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def experts_cmd(model, text, ctx, chunks, threads, png, json_out, quiet):
     """Which routed experts MODEL uses on TEXT: routings per layer and expert, counted by
     the engine; the share the most used experts take (coverage); a heatmap."""
+    if png:
+        need_matplotlib("--png")  # before measuring, which can take long
     usage = measure(model, text, ctx=ctx, chunks=chunks, threads=threads, progress=not quiet)
     click.echo(summary(usage))
     if json_out:

@@ -36,14 +36,26 @@ def say(message: str) -> None:
               help="Split the layers over these `deepseek-cpu rpc-worker`s, by the memory each offers.")
 @click.option("--rpc-local", default=None, metavar="SIZE",
               help="With --rpc: memory this host gives to layers (default: none but the embeddings).")
+@click.option("--api-key", default=None, metavar="KEY",
+              help=f"Require this API key (comma-separated: several), as `Authorization: Bearer KEY`. "
+                   f"Prefer --api-key-file or ${serve.ENV_API_KEY}: other users can read a command line.")
+@click.option("--api-key-file", default=None, metavar="PATH",
+              help="Require the keys in PATH (one a line, '#' comments), a file only you may read (chmod 600).")
+@click.option("--insecure", is_flag=True,
+              help="Allow a non-loopback --host without an API key (anyone who reaches the port may use it).")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-              rpc_servers, rpc_local, dry_run, extra):
+              rpc_servers, rpc_local, api_key, api_key_file, insecure, dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
+
+    On an address other machines can reach, an API key is required (or --insecure), and no other
+    web site's page may read the API from a browser (CORS: localhost origins only).
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
     from ..gguf_header import read
+    keys = serve.api_keys(api_key, api_key_file)  # first: a bad key file is reported before any work
+    serve.check_exposure(host, keys, extra, insecure)
     cpu_set = cpu_set_option(cpus)
     if cpu_set:
         from ..runtime.resources import default_threads
@@ -63,12 +75,13 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
                                                            header, say)
         extra = (*rpc_args, *extra)
         env.update(rpc_env)
-    cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header)
+    cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header,
+                              api_key=bool(keys))
     if dry_run:
         pin = ["taskset", "-c", cpus] if cpu_set else []
         click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))
         return
-    sys.exit(serve.run_server(cmd, host, port, ready_timeout, env, cpu_set, workers, say))
+    sys.exit(serve.run_server(cmd, host, port, ready_timeout, env, cpu_set, workers, say, api_keys=keys))
 
 
 @hookimpl

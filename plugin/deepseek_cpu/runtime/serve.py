@@ -22,6 +22,13 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
   -t/-tb                  physical cores of this process (affinity, cgroup quota)
   -fa off                 as deepseek_cpu.Llama: CPU flash attention costs accuracy
   --no-webui              the API only (the web UI is not built into our package)
+  --api-key-file /dev/fd/N  with an API key (--api-key, --api-key-file or DEEPSEEK_CPU_API_KEY):
+                          the keys reach llama-server through a pipe, never on its command line
+                          (visible in /proc) nor in a file left behind
+  --cors-origins localhost  on a non-loopback address: no other web site's page may read the API
+                          from a visitor's browser (llama-server's default is every origin)
+
+A non-loopback address without an API key is refused (ServeRefused) unless insecure=True.
 
 The parent process forwards SIGTERM/SIGINT to the server (exactly once), waits for
 /health before announcing the URL, and exits with the server's status. The server runs
@@ -29,9 +36,12 @@ with PR_SET_PDEATHSIG, so it does not outlive a killed parent.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
+import socket
+import stat
 import subprocess
 import time
 import urllib.error
@@ -45,6 +55,10 @@ DEFAULT_PARALLEL = 4
 MAX_CTX_PER_SLOT = 4096
 MIN_CTX_PER_SLOT = 256
 ENV_SERVER = "DEEPSEEK_CPU_LLAMA_SERVER"  # path of another llama-server binary (tests, dev builds)
+ENV_API_KEY = "DEEPSEEK_CPU_API_KEY"  # the API key (comma-separated keys) when no option gives one
+# stands for the pipe the keys are read from (/dev/fd/N, made when the server starts)
+API_KEY_PIPE = "<api-key-pipe>"
+MAX_KEYS_BYTES = 60_000  # the keys are written to a pipe before the server reads them: under its 64 KiB
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +83,102 @@ def server_binary() -> Path:
     raise ServerNotFound(
         f"llama-server not found in {lib_dir()}; reinstall deepseek-cpu with DEEPSEEK_CPU_BUILD_SERVER=ON "
         f"(the default) or point {ENV_SERVER} at a llama-server binary")
+
+
+class ServeRefused(DeepseekCpuError, ValueError):
+    """The server would not be safe or could not read its key: an API key file that is missing,
+    empty or open to others, or a network address without a key."""
+
+
+def _keys_of(text: str) -> list[str]:
+    return [k.strip() for k in text.split(",") if k.strip()]
+
+
+def read_api_key_file(path: str | os.PathLike) -> list[str]:
+    """The keys in an API key file: one a line, blank lines and '#' comments skipped, spaces
+    around a key (a CRLF file's \\r) dropped. Refused, as ssh refuses a private key, when the
+    file is a regular one that its group or others may access (llama-server's own --api-key-file
+    reads whatever it is given)."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            raise ServeRefused(f"API key file {path} is accessible by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                               f"it must be private: chmod 600 {path}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_KEYS_BYTES + 1)
+    except FileNotFoundError:
+        raise ServeRefused(f"API key file {path} not found") from None
+    except IsADirectoryError:
+        raise ServeRefused(f"API key file {path} is a directory") from None
+    except OSError as e:
+        raise ServeRefused(f"cannot read API key file {path}: {e.strerror or e}") from None
+    if len(data) > MAX_KEYS_BYTES:
+        raise ServeRefused(f"API key file {path} is larger than {MAX_KEYS_BYTES} bytes; is it the right file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ServeRefused(f"API key file {path} is not UTF-8 text") from None
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise ServeRefused(f"API key file {path} holds no key (one key a line; '#' starts a comment)")
+    return keys
+
+
+def api_keys(key: str | None = None, key_file: str | os.PathLike | None = None,
+             environ=os.environ) -> list[str]:
+    """The API keys the server is to accept: --api-key (comma-separated, as llama-server's),
+    else --api-key-file, else $DEEPSEEK_CPU_API_KEY (empty means unset); [] for none."""
+    if key is not None and key_file is not None:
+        raise ServeRefused("give --api-key or --api-key-file, not both")
+    if key is not None:
+        keys = _keys_of(key)
+        if not keys:
+            raise ServeRefused("--api-key is empty")
+    elif key_file is not None:
+        keys = read_api_key_file(key_file)
+    else:
+        keys = _keys_of(environ.get(ENV_API_KEY, ""))
+    if any("\n" in k or "\r" in k for k in keys):
+        raise ServeRefused("an API key cannot span lines")
+    if len("\n".join(keys).encode()) > MAX_KEYS_BYTES:
+        raise ServeRefused(f"the API keys take more than {MAX_KEYS_BYTES} bytes")
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host`: a loopback address, a name whose every address
+    is loopback, or a Unix socket (llama-server takes a host ending in .sock as one)."""
+    if host.endswith(".sock"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def _given(flags: tuple[str, ...], extra, env_vars: tuple[str, ...], environ) -> bool:
+    """Whether llama-server flags after `--` (or its environment variables) set an option."""
+    return (any(a.split("=", 1)[0] in flags for a in extra)
+            or any(environ.get(v) for v in env_vars))
+
+
+def server_has_own_key(extra=(), environ=os.environ) -> bool:
+    """llama-server given a key directly: --api-key/--api-key-file after `--`, or its variables."""
+    return _given(("--api-key", "--api-key-file"), extra, ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY_FILE"), environ)
+
+
+def check_exposure(host: str, keys: list[str], extra=(), insecure: bool = False, environ=os.environ) -> None:
+    """Refuse to serve on an address other machines can reach without an API key."""
+    if keys or insecure or server_has_own_key(extra, environ) or is_loopback(host):
+        return
+    raise ServeRefused(
+        f"refusing to serve on {host} without an API key: anyone who reaches the port could use the model; "
+        f"give --api-key-file PATH (or --api-key, ${ENV_API_KEY}), or --insecure to serve without one")
 
 
 def default_ctx_per_slot(model: str, parallel: int, header=None) -> int:
@@ -120,7 +230,9 @@ def template_thinks_by_default(template: str | None) -> bool | None:
 
 def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = DEFAULT_PARALLEL,
                   ctx_per_slot: int | None = None, threads: int | None = None, alias: str | None = None,
-                  extra: tuple[str, ...] | list[str] = (), header=None) -> list[str]:
+                  extra: tuple[str, ...] | list[str] = (), header=None, api_key: bool = False) -> list[str]:
+    """llama-server's command line; api_key: the keys come through API_KEY_PIPE (run_server
+    makes the pipe, given the keys)."""
     from .resources import default_threads
     threads = threads or default_threads()
     ctx_per_slot = ctx_per_slot or default_ctx_per_slot(model, parallel, header)
@@ -134,6 +246,10 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
     ]
     if alias:
         cmd += ["--alias", alias]
+    if api_key:
+        cmd += ["--api-key-file", API_KEY_PIPE]
+    if not is_loopback(host) and not _given(("--cors-origins",), extra, ("LLAMA_ARG_CORS_ORIGINS",), os.environ):
+        cmd += ["--cors-origins", "localhost"]
     if header is not None and not any(a.split("=", 1)[0] in _THINKING_FLAGS for a in extra):
         if template_thinks_by_default(header.get("tokenizer.chat_template")) is False:
             cmd += ["--reasoning", "off"]
@@ -158,20 +274,39 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
 def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
                env_extra: dict[str, str] | None = None, cpus: set[int] | None = None,
-               workers: list[str] | None = None, say=log.info) -> int:
+               workers: list[str] | None = None, say=log.info, api_keys: list[str] | None = None) -> int:
     """Run llama-server until it exits; with RPC workers, a server that exits because a worker was
     lost is replaced by a 503 answer on the same port until every worker answers again, then
-    started again (runtime/rpc_serve.py). `say` takes each line of progress for the user."""
+    started again (runtime/rpc_serve.py). `say` takes each line of progress for the user.
+    api_keys: written to a pipe that llama-server reads as its --api-key-file (API_KEY_PIPE)."""
     if not workers:
-        return _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say)
+        return _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say, api_keys)
     from . import rpc_serve
-    return rpc_serve.run_supervised(lambda: _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say),
+    return rpc_serve.run_supervised(lambda: _run_once(cmd, host, port, ready_timeout, env_extra, cpus, say, api_keys),
                                     host, port, workers, say)
 
 
+def _key_pipe(keys: list[str]) -> int:
+    """The read end of a pipe holding the keys, one a line (written whole: they fit its buffer)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, ("\n".join(keys) + "\n").encode())
+    finally:
+        os.close(w)
+    return r
+
+
 def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0,
-              env_extra: dict[str, str] | None = None, cpus: set[int] | None = None, say=log.info) -> int:
+              env_extra: dict[str, str] | None = None, cpus: set[int] | None = None, say=log.info,
+              api_keys: list[str] | None = None) -> int:
     env = {**os.environ, **(env_extra or {})}
+    env.pop(ENV_API_KEY, None)  # the server reads the keys from the pipe; nothing else needs them
+    pass_fds: tuple[int, ...] = ()
+    if API_KEY_PIPE in cmd:
+        if not api_keys:
+            raise ValueError("the command reads API keys from a pipe, but no keys were given")
+        pass_fds = (_key_pipe(api_keys),)
+        cmd = [f"/dev/fd/{pass_fds[0]}" if a == API_KEY_PIPE else a for a in cmd]
     # the libraries the binary was built with lie next to it (libllama, libggml*, libmtmd)
     libs = str(Path(cmd[0]).resolve().parent)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libs, env.get("LD_LIBRARY_PATH", "")) if p)
@@ -181,7 +316,11 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         die_with_parent()
         if cpus:
             os.sched_setaffinity(0, cpus)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=before_exec)
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=before_exec, pass_fds=pass_fds)
+    finally:
+        for fd in pass_fds:  # the server holds its own copy
+            os.close(fd)
     forwarded = []
 
     def forward(signum, frame):
@@ -197,7 +336,8 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         probe_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         url = f"http://{probe_host}:{port}"
         if wait_ready(url, proc, ready_timeout):
-            say(f"ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)")
+            say(f"ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)"
+                + ("; API key required" if pass_fds else ""))
         elif proc.poll() is None and not forwarded:
             say(f"{url}/health not ready after {ready_timeout:.0f} s")
         while True:

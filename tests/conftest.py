@@ -142,9 +142,56 @@ def kernel_coverage() -> str:
 
 
 # Under CI (CI=true) a skip is a failure unless its reason says why it can never run there:
-# "not applicable: ..." (nothing to test for this case) or "CPU lacks ...". Anything else --
-# a package that could not be fetched, a missing build output -- is a hole in what CI proves.
+# "not applicable: ..." (nothing to test for this case) or "CPU lacks ..." (a fact of the
+# hardware, read from /proc/cpuinfo). Anything else -- a package that could not be fetched, a
+# missing build output -- is a hole in what CI proves.
 CI_SKIP_REASONS = ("not applicable:", "CPU lacks")
+
+# What a runner may lack that real-environment tests need (the multi-host tests' network
+# namespaces, the real memory limits' cgroups, AMX tiles the kernel must hand out). A test that
+# cannot run for want of one calls runner_lacks(); under CI that skip is a failure unless the
+# runner declares the lack: DEEPSEEK_CPU_RUNNER_LACKS=root,netns (comma-separated). Otherwise a
+# runner without root would drop every multi-host and memory-limit test and stay green.
+RUNNER_CAPABILITIES = {
+    "root": "root (uid 0): network namespaces, memory cgroups",
+    "netns": "network namespaces and iproute2 (`ip netns add`)",
+    "cgroup1": "the cgroup v1 memory controller at /sys/fs/cgroup/memory",
+    "amx": "AMX tiles on a CPU that has them (kernel tile state, DEEPSEEK_CPU_AMX not 0)",
+}
+RUNNER_LACKS_ENV = "DEEPSEEK_CPU_RUNNER_LACKS"
+_RUNNER_LACKS_PREFIX = "not applicable: this runner lacks "
+
+
+def declared_lacks() -> set[str]:
+    """The capabilities this runner declares it lacks ($DEEPSEEK_CPU_RUNNER_LACKS)."""
+    return {c.strip() for c in os.environ.get(RUNNER_LACKS_ENV, "").split(",") if c.strip()}
+
+
+def runner_lacks(capability: str, detail: str):
+    """Skip: this runner lacks `capability` (a RUNNER_CAPABILITIES key); `detail` says how that was
+    found. Under CI the skip fails unless the runner declared the lack (pytest_runtest_makereport)."""
+    assert capability in RUNNER_CAPABILITIES, capability
+    pytest.skip(f"{_RUNNER_LACKS_PREFIX}{capability} ({detail})")
+
+
+def pytest_configure(config):
+    unknown = declared_lacks() - set(RUNNER_CAPABILITIES)
+    if unknown:
+        raise pytest.UsageError(f"{RUNNER_LACKS_ENV}: unknown {', '.join(sorted(unknown))}; "
+                                f"known: {', '.join(RUNNER_CAPABILITIES)}")
+
+
+def ci_skip_failure(reason: str) -> str | None:
+    """Why a skip with this reason fails under CI, or None where it may stand."""
+    if not reason.startswith(CI_SKIP_REASONS):
+        return f"skipped under CI, which must run it: {reason}"
+    if reason.startswith(_RUNNER_LACKS_PREFIX):
+        capability = reason[len(_RUNNER_LACKS_PREFIX):].split(" ", 1)[0]
+        if capability not in declared_lacks():
+            return (f"skipped under CI on a runner that does not declare it lacks {capability!r}: {reason}. "
+                    f"Give the runner {RUNNER_CAPABILITIES.get(capability, capability)}, or declare "
+                    f"{RUNNER_LACKS_ENV}={capability} where it can never have it (docs/engine.md#tests)")
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -155,9 +202,10 @@ def pytest_runtest_makereport(item, call):
         return
     longrepr = rep.longrepr
     reason = (longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)).removeprefix("Skipped: ")
-    if not reason.startswith(CI_SKIP_REASONS):
+    failure = ci_skip_failure(reason)
+    if failure:
         rep.outcome = "failed"
-        rep.longrepr = f"skipped under CI, which must run it: {reason}"
+        rep.longrepr = failure
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -174,5 +222,8 @@ def pytest_terminal_summary(terminalreporter):
     if reasons:
         line += " -- " + "; ".join(f"{n} x {r}" for r, n in reasons.most_common())
     terminalreporter.write_line(line)
+    if declared_lacks():
+        terminalreporter.write_line(f"this runner declares it lacks ({RUNNER_LACKS_ENV}): "
+                                    f"{', '.join(sorted(declared_lacks()))}; tests that need it were not run")
     terminalreporter.write_line(kernel_coverage())
     terminalreporter.write_line(_disk_line())

@@ -12,8 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
+from conftest import runner_lacks
 from deepseek_cpu.runtime import rpc
 
 SUBNET = "10.231"
@@ -92,12 +91,16 @@ def loopback_workers(n: int, args=(), env=None, log_dir: Path | None = None):
 
 
 def need_root_networking():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("not applicable: needs root and iproute2 (network namespaces)")
+    """Root and network namespaces, or a skip saying which is missing (a failure under CI unless
+    the runner declares it: tests/conftest.py, runner_lacks)."""
+    if os.geteuid() != 0:
+        runner_lacks("root", f"uid {os.geteuid()}: network namespaces for the hosts")
+    if shutil.which("ip") is None:
+        runner_lacks("netns", "no `ip` (iproute2) on PATH")
     probe = subprocess.run(["ip", "netns", "add", "dsc-probe"], capture_output=True)
     subprocess.run(["ip", "netns", "del", "dsc-probe"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip(f"not applicable: network namespaces unavailable ({probe.stderr.decode().strip()})")
+        runner_lacks("netns", f"`ip netns add` failed: {probe.stderr.decode().strip()}")
 
 
 def sh(*cmd: str) -> None:
@@ -128,7 +131,7 @@ class Host:
     def limit_memory(self, limit: int):
         """A v1 memory cgroup for this host's processes (page cache included)."""
         if not (CGROUP_ROOT / "cgroup.procs").exists():
-            pytest.skip("not applicable: needs the cgroup v1 memory controller")
+            runner_lacks("cgroup1", f"no {CGROUP_ROOT / 'cgroup.procs'}")
         self.cgroup = CGROUP_ROOT / f"deepseek-cpu-{self.name}-{os.getpid()}"
         self.cgroup.mkdir(exist_ok=True)
         (self.cgroup / "memory.limit_in_bytes").write_text(str(limit))

@@ -31,13 +31,26 @@ KINDS = ("duplicate_token", "hparam", "header", "metadata", "token_list", "tenso
 ODD_VALUES = (0, 1, 2, 3, 7, 255, 4096, 1 << 20, 1 << 31, (1 << 32) - 1)
 
 # loads each path named on stdin; prints one JSON line per file before and after, so the
-# parent knows which file a crash happened on
+# parent knows which file a crash happened on. verbose=False sends llama.cpp's log to /dev/null
+# while a model loads, and the exception says only "Failed to load model from file"; the reason
+# the loader gives is in its error log, so the child records the error-level lines it sees
 CHILD = textwrap.dedent("""
     import json, sys
     from deepseek_cpu import Llama
+    from deepseek_cpu.runtime import llama_log
+    errors = []
+    _write, _level = llama_log._log_write, [0]
+    def _record(level, text):
+        if level != 5:  # GGML_LOG_LEVEL_CONT continues the line before
+            _level[0] = level
+        if _level[0] == 4 and text:  # GGML_LOG_LEVEL_ERROR
+            errors.append(text.decode("utf-8", "replace"))
+        _write(level, text)
+    llama_log._log_write = _record
     for line in sys.stdin:
         path = line.strip()
         print(json.dumps({"start": path}), flush=True)
+        errors.clear()
         try:
             llm = Llama(path, n_ctx=32, n_threads=1, verbose=False)
             ids = llm.tokenize(b"Hello world", add_bos=False)
@@ -46,6 +59,7 @@ CHILD = textwrap.dedent("""
             out = {"path": path, "outcome": "loaded", "n_ids": len(ids)}
         except Exception as e:
             out = {"path": path, "outcome": "exception", "type": type(e).__name__, "message": str(e)[:200]}
+        out["log"] = "".join(errors)[-1000:]
         print(json.dumps(out), flush=True)
 """)
 
@@ -162,29 +176,62 @@ def _load_all(paths: list[Path]) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def mutants(converted, tmp_path_factory):
-    valid = converted("v2_greedy", "f32")
+def valid(converted):
+    return converted("v2_greedy", "f32")
+
+
+@pytest.fixture(scope="module")
+def mutants(valid, tmp_path_factory):
     return _mutants(valid, tmp_path_factory.mktemp("mutants"))
 
 
 @pytest.fixture(scope="module")
-def outcomes(mutants):
-    return _load_all([p for p, _ in mutants])
+def outcomes(valid, mutants):
+    # the undamaged file goes first through the same child: the positive control
+    return _load_all([valid] + [p for p, _ in mutants])
+
+
+def test_the_undamaged_file_loads_through_the_same_harness(valid, outcomes):
+    """A loader (or harness) that failed every file would pass the tests below; this one
+    file, as converted, must load, tokenize and evaluate, with nothing in the error log."""
+    r = outcomes[str(valid)]
+    assert r["outcome"] == "loaded", r
+    assert r["n_ids"] >= 2 and r["log"] == "", r
 
 
 def test_no_damaged_file_kills_the_process(mutants, outcomes):
     died = [(what, outcomes[str(p)]) for p, what in mutants if outcomes[str(p)]["outcome"] == "died"]
     assert not died, f"{len(died)} of {len(mutants)} damaged files killed the process:\n" + "\n".join(
         f"  {what}: {r['signal']} {r['stderr']}" for what, r in died[:10])
-    assert len(outcomes) == len(mutants)
+    assert len(outcomes) == len(mutants) + 1
 
 
-def test_duplicate_tokens_are_a_clear_error(mutants, outcomes):
+def test_duplicate_tokens_are_a_clear_error(valid, mutants, outcomes):
+    """Not any failure: the loader names the problem (patches/fixes/loader-malformed-vocab-and-
+    hparams-are-errors.patch), counting the tokens and the distinct strings among them."""
+    n_tokens = len(gguf.GGUFReader(valid).fields["tokenizer.ggml.tokens"].contents())
+    reason = (f"invalid vocabulary: {n_tokens} tokens but {n_tokens - 1} distinct token strings "
+              f"in tokenizer.ggml.tokens")
     dup = [(p, what) for p, what in mutants if what.startswith("duplicate_token")]
     assert len(dup) == SEEDS_PER_KIND
     for p, what in dup:
         r = outcomes[str(p)]
         assert r["outcome"] == "exception" and r["type"] == "ValueError", (what, r)
+        assert r["message"] == f"Failed to load model from file: {p}", (what, r)
+        assert reason in r["log"], (what, reason, r)
+
+
+def test_every_failed_load_gives_the_loaders_reason(mutants, outcomes):
+    """A load that fails does so in the loader, which says why: "error loading model: <reason>"
+    in llama.cpp's error log (the exception itself only says the load failed)."""
+    vague = []
+    for p, what in mutants:
+        r = outcomes[str(p)]
+        if r["outcome"] == "exception" and r["type"] == "ValueError":
+            reason = r["log"].partition("error loading model: ")[2].strip()
+            if not reason:
+                vague.append((what, r))
+    assert not vague, f"{len(vague)} failed loads without a reason:\n" + "\n".join(map(str, vague[:10]))
 
 
 def test_every_kind_of_damage_is_tried(mutants, outcomes):
@@ -214,4 +261,10 @@ def test_v32_indexer_settings_the_graph_cannot_run_are_load_errors(converted, tm
     out = _load_all(paths)
     assert out[str(valid)]["outcome"] == "loaded", out[str(valid)]
     for p, (key, value) in zip(paths[1:], V32_BAD):
-        assert out[str(p)]["outcome"] == "exception", (key, value, out[str(p)])
+        r = out[str(p)]
+        assert r["outcome"] == "exception" and r["type"] == "ValueError", (key, value, r)
+        # the checks of patches/fixes/deepseek32-indexer-hparams-are-load-errors.patch, not
+        # some other failure: each message starts "deepseek32: " and names the setting
+        reason = r["log"].partition("error loading model: ")[2]
+        assert "deepseek32: " in reason, (key, value, r)
+        assert ("rope dimension" if key.endswith("rope.dimension_count") else "indexer") in reason, (key, value, r)

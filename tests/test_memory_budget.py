@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import runner_lacks
 from deepseek_cpu.runtime import memory_budget, prefetch
 
 MODEL = "v2_lite"
@@ -56,17 +57,84 @@ def test_budget_below_the_always_hot_set_names_both_sizes(gguf):
     assert memory_budget.gib(hot // 2) in msg and "always-hot" in msg
 
 
-def test_budgeted_model_gives_the_same_logits(gguf):
+@pytest.fixture(scope="module")
+def q4(converted, tmp_path_factory):
+    """The fixture at q4_0 (llama.cpp's quantizer): weights the engine repacks by default, so a
+    budget changes which kernels run the experts (an f32 model is never repacked)."""
+    from deepseek_cpu.hub.conversion import quantize
+    return str(quantize(converted(MODEL, "f32"), tmp_path_factory.mktemp("q4") / f"{MODEL}-q4_0.gguf", "q4_0",
+                        progress=False, nthread=2))
+
+
+def _load_logged(path, **kw):
+    """A Llama and its engine's log of the load (verbose: llama.cpp's log goes to sys.stderr)."""
+    import io
     from deepseek_cpu import Llama
-    ref = _logits(Llama(gguf, n_ctx=64, logits_all=True, verbose=False))
-    llm = Llama(gguf, n_ctx=64, logits_all=True, mem_budget="1G", verbose=False)
-    np.testing.assert_allclose(_logits(llm), ref, rtol=0, atol=1e-5)
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        llm = Llama(path, n_ctx=64, logits_all=True, verbose=True, **kw)
+    return llm, log.getvalue()
+
+
+def _repacked(log: str) -> set[str]:
+    """The tensors ggml's CPU repack buffer says it repacked ("repack: repack tensor X with ...")."""
+    import re
+    return set(re.findall(r"repack tensor (\S+) with", log))
+
+
+def _gguf_py_experts(path) -> dict[str, tuple[int, int]]:
+    """The routed experts' tensors by gguf-py (not by memory_budget's pattern): gguf-py's names for
+    ffn_{gate,up,down}_exps in each block after the leading dense ones, each stacked over
+    expert_count; name -> (offset in the file, bytes)."""
+    import gguf as gguf_py
+    r = gguf_py.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    n_layer = int(r.fields[f"{arch}.block_count"].contents())
+    n_dense = int(r.fields[f"{arch}.leading_dense_block_count"].contents())
+    n_expert = int(r.fields[f"{arch}.expert_count"].contents())
+    kinds = (gguf_py.MODEL_TENSOR.FFN_GATE_EXP, gguf_py.MODEL_TENSOR.FFN_UP_EXP, gguf_py.MODEL_TENSOR.FFN_DOWN_EXP)
+    names = {gguf_py.TENSOR_NAMES[k].format(bid=b) + ".weight" for b in range(n_dense, n_layer) for k in kinds}
+    found = {t.name: t for t in r.tensors if t.name in names}
+    assert set(found) == names and n_layer > n_dense, (sorted(names), sorted(found))
+    assert all(len(t.shape) == 3 and int(t.shape[2]) == n_expert for t in found.values())
+    return {n: (int(t.data_offset), int(t.n_bytes)) for n, t in found.items()}  # data_offset: in the file
+
+
+def test_budgeted_model_gives_the_same_logits(q4):
+    """Under a budget the routed experts, and only they, leave the repacked path (the engine's own
+    log says which tensors it repacked), the logits follow the full load's, and the statistics of
+    one run place expert slices, all inside the experts' bytes, at the next start."""
+    experts = _gguf_py_experts(q4)
+    full, full_log = _load_logged(q4)
+    ref = _logits(full)
+    full.close()
+    llm, log = _load_logged(q4, mem_budget="1G")
+    # the default repacks the experts (else the budget has nothing to change here); the budget
+    # leaves them in the file mapping and repacks the rest as before
+    assert set(experts) <= _repacked(full_log), sorted(set(experts) - _repacked(full_log))
+    assert _repacked(log) == _repacked(full_log) - set(experts), sorted(_repacked(log) ^ _repacked(full_log))
     layout = llm.memory_layout
-    assert {t.name for t in layout.expert_tensors} == {t.name for t in layout.tensors
-                                                        if memory_budget.EXPERT_TENSORS.search(t.name)}
-    assert not llm.memory_placement.warm and not llm.memory_placement.hot  # no statistics yet
-    # the file is mapped: the experts are read from it
-    assert prefetch.file_mapping(layout.path) is not None
+    assert {t.name: (t.offset, t.nbytes) for t in layout.expert_tensors} == experts
+    assert prefetch.file_mapping(layout.path) is not None  # the file is mapped: the experts are read from it
+    # other kernels, the same products (as in test_experts_stay_in_the_file_mapping)
+    got = _logits(llm)
+    assert (got.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.75
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-2 * np.abs(ref).max())
+    # no statistics yet: nothing placed; this run's routings are saved at close ...
+    assert not llm.memory_placement.warm and not llm.memory_placement.hot
+    llm.close()
+    again, _ = _load_logged(q4, mem_budget="1G")
+    try:
+        # ... and the next start reads ahead the experts they used, inside the experts' bytes
+        placed = again.memory_placement.warm + again.memory_placement.hot
+        assert placed, "statistics saved, yet the next start placed nothing"
+        for r in placed:
+            name = r.what.rsplit("[", 1)[0]
+            start, n = experts[name]
+            assert start <= r.offset and r.offset + r.length <= start + n, (r, start, n)
+        assert sum(r.length for r in placed) <= sum(n for _, n in experts.values())
+    finally:
+        again.close()
 
 
 def test_a_budgeted_load_reads_the_header_once(gguf, monkeypatch):
@@ -168,8 +236,10 @@ def memory_cgroup(limit: int):
     """A v1 memory cgroup limited to `limit` bytes (page cache included); yields a preexec_fn that
     moves a child process into it before it starts."""
     root = Path("/sys/fs/cgroup/memory")
-    if os.geteuid() != 0 or not (root / "cgroup.procs").exists():
-        pytest.skip("not applicable: needs root and the cgroup v1 memory controller")
+    if os.geteuid() != 0:
+        runner_lacks("root", f"uid {os.geteuid()}: memory cgroups")
+    if not (root / "cgroup.procs").exists():
+        runner_lacks("cgroup1", f"no {root / 'cgroup.procs'}")
     group = root / f"dsc-test-{os.getpid()}"
     group.mkdir()
     try:

@@ -9,14 +9,16 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from deepseek_cpu.runtime import rpc
-from rpc_hosts import free_port, loopback_workers
+from rpc_hosts import free_port, loopback_workers, wait_ready
 
+# waits for an event (a restart, a freed slot) give up after this long: a hang guard, never a
+# claim about speed (that belongs in benchmarks)
+HANG_GUARD = 120
 TOKENS = [3, 17, 42, 99, 120, 7, 250, 31, 64, 128, 200, 11]
 
 
@@ -111,15 +113,16 @@ def test_a_worker_killed_mid_generation_is_a_clear_error_then_a_reload_works(f32
         eps = ",".join(w.endpoint for w in ws)
         llm = Llama(f32_model, n_ctx=256, verbose=False, rpc_servers=eps)
         llm.eval(TOKENS)
-        os.kill(ws[1].server_pid(), signal.SIGKILL)
-        t0 = time.monotonic()
+        killed = ws[1].server_pid()
+        os.kill(killed, signal.SIGKILL)
         with pytest.raises(rpc.RpcWorkerLost, match=ws[1].endpoint):
             for _ in range(50):
                 llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-        assert time.monotonic() - t0 < rpc.timeout_s()
         llm.close()
-        # the worker's supervisor restarted its server: the model loads and runs again
-        time.sleep(1)
+        # the worker's supervisor restarts its server (after a delay: waited for, not slept through);
+        # then the model loads and runs again
+        wait_ready(ws[1].endpoint, ws[1].proc, timeout=HANG_GUARD)
+        assert ws[1].server_pid() != killed
         got, _ = _logits(f32_model, rpc_servers=eps)
         ref, _ = _logits(f32_model)
         np.testing.assert_array_equal(got, ref)
@@ -132,10 +135,9 @@ def test_unreachable_and_busy_workers_are_clear_errors(f32_model, tmp_path, monk
     monkeypatch.setenv(rpc.ENV_TIMEOUT, "2")
     with loopback_workers(1, ["--mem", "64M", "--no-cache"]) as (w,):
         holder = Llama(f32_model, n_ctx=64, verbose=False, rpc_servers=w.endpoint)
-        t0 = time.monotonic()
+        # the probe's own timeout (2 s) is what ends the wait: an error, not a hang
         with pytest.raises(rpc.RpcError, match="busy with another client"):
             rpc.probe(w.endpoint)
-        assert time.monotonic() - t0 < 4
         holder.close()
 
 
@@ -162,7 +164,8 @@ def test_a_worker_survives_garbage_and_silent_clients(f32_model):
                 except OSError:
                     pass
         silent = socket.create_connection((host, int(port)))  # holds the one client slot, says nothing
-        time.sleep(3)  # the handshake timeout (2 s) frees it
+        # the handshake timeout (2 s) frees it: wait until a probe is answered while it stays open
+        wait_ready(w.endpoint, w.proc, timeout=HANG_GUARD)
         assert w.server_pid() == pid
         got, _ = _logits(f32_model, rpc_servers=w.endpoint)
         silent.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import gguf
@@ -137,7 +136,11 @@ def test_schemes_lists_bits_per_weight():
 # quantize
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scheme", ["q4_k_m", "ds-q4", "ds-q4-q8", "ds-q4-k", "ds-q4-lean"])
+# each scheme's bound on the relative RMS error of its logits (about 2.5x what it measures)
+LOGIT_REL_RMS = {"q4_k_m": 0.2, "ds-q4": 0.1, "ds-q4-q8": 0.1, "ds-q4-k": 0.1, "ds-q4-lean": 0.25}
+
+
+@pytest.mark.parametrize("scheme", sorted(LOGIT_REL_RMS))
 def test_quantize_writes_the_predicted_types_and_the_engine_runs_it(bf16, converted, tmp_path, scheme):
     from deepseek_cpu.quantization import registry
     out = tmp_path / f"{scheme}.gguf"
@@ -152,7 +155,12 @@ def test_quantize_writes_the_predicted_types_and_the_engine_runs_it(bf16, conver
     assert _types(out) == want
     tokens = list(np.load(fixture_dir(MODEL) / "reference.npz")["tokens"][:24])
     got, full = _logits(out, tokens), _logits(converted(MODEL, "f32"), tokens)
-    assert np.isfinite(got).all() and np.corrcoef(got.ravel(), full.ravel())[0, 1] > 0.9
+    # relative RMS error of the logits against f32's: a correlation would pass a model whose
+    # logits came out scaled (2x: 1.0 here) or shifted. Measured on a 2-vCPU AMD EPYC (AVX2): q4_k_m
+    # 0.078, ds-q4 and ds-q4-q8 0.033, ds-q4-k 0.023, ds-q4-lean (q4_0 throughout) 0.113
+    assert np.isfinite(got).all()
+    rel = float(np.sqrt(np.mean((got - full) ** 2) / np.mean(full ** 2)))
+    assert rel < LOGIT_REL_RMS[scheme], (scheme, rel)
 
 
 def test_ds_q4_keeps_the_trained_model_closer_than_q4_k_m(converted, tmp_path):
@@ -341,5 +349,11 @@ def test_convert_quant_of_an_int4_checkpoint_requantizes_its_floats(tmp_path):
     out = tmp_path / "m.gguf"
     r = _cli("convert", fixture_dir("ct_asym_g32"), out, "--quant", "q4_0", "--quiet")
     assert r.exit_code == 0, r.output
-    assert {t for n, t in _types(out).items() if n.endswith("_exps.weight")} <= {Q.Q4_0, Q.Q5_0, Q.Q8_0}
+    exps = {n: t for n, t in _types(out).items() if n.endswith("_exps.weight")}
+    # every MoE layer's gate, up and down experts, counted from the checkpoint's config (a
+    # subset check alone passes on an empty set)
+    cfg = json.loads((fixture_dir("ct_asym_g32") / "config.json").read_text())
+    n_moe = cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]
+    assert n_moe > 0 and len(exps) == 3 * n_moe, sorted(exps)
+    assert set(exps.values()) <= {Q.Q4_0, Q.Q5_0, Q.Q8_0}, exps
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]

@@ -177,3 +177,24 @@ def test_synth_writes_a_v4_file_the_engine_runs(tmp_path, monkeypatch):
         synth.synthesize(tmp_path / "q.gguf", shape="v4-flash", quant="q4_0", progress=False)
     got = engine_logits(path, [0] + list(range(5, 60)), n_ctx=64)
     assert np.isfinite(got).all()
+
+
+def test_ds_v4_keeps_the_released_experts_bit_for_bit(converted, tmp_path):
+    """The V4 mix: llama.cpp's quantizer copies the MXFP4 experts and the hash table unchanged (the
+    bytes of the converted release), keeps mHC and position biases f32, rounds the rest to q8_0;
+    an MXFP4 or I32 tensor is not refused as 'already quantized'. The engine runs the result."""
+    from deepseek_cpu.quantization.quantize import quantize
+    src = converted(NAME, "bf16")
+    out = quantize(src, tmp_path / "ds-v4.gguf", "ds-v4", progress=False).path
+    before = {t.name: t for t in gguf.GGUFReader(src).tensors}
+    after = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert set(before) == set(after)
+    Q = gguf.GGMLQuantizationType
+    for name, t in after.items():
+        b = before[name]
+        if b.tensor_type in (Q.MXFP4, Q.I32) or "hc_" in name and name.endswith("_fn.weight") or "_ape." in name:
+            assert t.tensor_type == b.tensor_type and np.array_equal(t.data, b.data), name
+    assert after["blk.1.attn_q_b.weight"].tensor_type == Q.Q8_0
+    ref = reference()
+    got = engine_logits(out, ref["tokens"], n_ctx=N_CTX)
+    assert np.isfinite(got).all()

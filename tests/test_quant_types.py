@@ -33,6 +33,8 @@ def test_main_tensor_type_and_bits_per_weight(name):
     t = QUANT_TYPES[name]
     # the GGML type the file type is named after (K-quant mixes: _S/_M/_L are sizes of one type)
     base = name.upper()
+    if base.endswith("_MOE"):  # mxfp4_moe: the routed experts' type (everything else q8_0)
+        base = base[: -len("_MOE")]
     for suffix in ("_S", "_M", "_L"):
         if "_K" in base and base.endswith(suffix):
             base = base[: -len(suffix)]

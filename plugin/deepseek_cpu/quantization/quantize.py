@@ -62,8 +62,23 @@ def parse_tensor_types(specs) -> tuple[tuple[str, str], ...]:
 def _already_quantized(src: Path) -> list[tuple[str, str]]:
     import gguf
     reader = gguf.GGUFReader(src)
+    # I32 tensors are tables (V4's hash routing), not quantized weights; llama.cpp copies them
     return [(t.name, t.tensor_type.name) for t in reader.tensors
-            if t.tensor_type not in UNQUANTIZED and len(t.shape) > 1]
+            if t.tensor_type not in UNQUANTIZED and t.tensor_type != gguf.GGMLQuantizationType.I32
+            and len(t.shape) > 1]
+
+
+def _copied_exactly(sch: Scheme, name: str, type_name: str) -> bool:
+    """A tensor already in the type the scheme gives it is copied by llama.cpp, not re-quantized:
+    V4's MXFP4 routed experts under mxfp4_moe (or a rule naming mxfp4)."""
+    import re
+    from .schemes import ROUTED_EXPERTS
+    if type_name != "MXFP4":
+        return False
+    rule = sch.rule_for(name)
+    if rule is not None:
+        return rule.lower() == "mxfp4"
+    return sch.base == "mxfp4_moe" and re.search(ROUTED_EXPERTS, name) is not None
 
 
 def quantize(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "q4_k_m", *,
@@ -87,6 +102,7 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Schem
         quantized = _already_quantized(src)
     except Exception as e:
         raise QuantizeError(f"{src}: not a readable GGUF ({e})") from None
+    quantized = [(n, t) for n, t in quantized if not _copied_exactly(sch, n, t)]
     if quantized and not allow_requantize:
         kinds = Counter(t for _, t in quantized)
         raise QuantizeError(f"{src} is already quantized ({', '.join(f'{n} {k}' for k, n in kinds.items())} "

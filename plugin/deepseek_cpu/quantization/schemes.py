@@ -167,6 +167,7 @@ SHARED_EXPERTS = r"\.ffn_(gate|up|down)_shexp\.weight$"
 DENSE_FFN = r"\.ffn_(gate|up|down)\.weight$"
 ROUTED_EXPERTS = r"\.ffn_(gate|up|down)_exps\.weight$"
 EMBEDDINGS = r"^token_embd\.weight$"
+V4_STEERING = r"(^output_hc_fn|\.hc_(attn|ffn)_fn|_compressor_ape)\.weight$"
 OUTPUT = r"^output\.weight$"
 
 
@@ -191,6 +192,12 @@ DEEPSEEK_MIXES = (
     Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "
            "attention, shared experts and dense layers q6_K; output q6_K",
            "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q4_0", output="q6_K")),
+    # DeepSeek-V4: its release already stores the routed experts in 4 bits (MXFP4); they are copied
+    # bit for bit. The mHC mixing matrices and the compressors' position biases steer every token
+    # and are tiny: they stay f32 (llama.cpp's own MXFP4_MOE type would round them to q8_0).
+    Scheme("ds-v4", "DeepSeek-V4 mix: routed experts kept exactly as released (MXFP4); attention, "
+           "shared experts, embeddings and output q8_0; mHC and compressor position biases f32",
+           "mxfp4_moe", ((V4_STEERING, "f32"), (ROUTED_EXPERTS, "mxfp4"))),
 )
 
 

@@ -78,6 +78,9 @@ QUANT_TYPES: dict[str, QuantType] = {t.name: t for t in (
     QuantType("q6_k", "MOSTLY_Q6_K", "Q6_K", 6.6, False),
     QuantType("iq4_nl", "MOSTLY_IQ4_NL", "IQ4_NL", 4.5, False),
     QuantType("iq4_xs", "MOSTLY_IQ4_XS", "IQ4_XS", 4.3, False),
+    # routed experts MXFP4, everything else q8_0: DeepSeek-V4's release keeps its MXFP4 experts bit for
+    # bit (llama.cpp copies a tensor already in its target type)
+    QuantType("mxfp4_moe", "MOSTLY_MXFP4_MOE", "MXFP4", 4.6, False),
 )}
 
 NAMES: tuple[str, ...] = tuple(QUANT_TYPES)

@@ -13,7 +13,8 @@ Behaviour fixes over llama_cpp.Llama (see docs/integrations.md):
   - generation that reaches n_ctx ends with finish_reason="length" instead of raising
     `RuntimeError: llama_decode returned 1` (streaming or not, completion or chat)
   - tools, tool_choice and JSON-schema response_format on DeepSeek-V2.5/V3/R1 templates answer
-    as `deepseek-cpu serve` does, in DeepSeek's tool-call markup (runtime/tool_calls.py)
+    as `deepseek-cpu serve` does, in DeepSeek's tool-call markup (runtime/tool_calls.py); on
+    V3.1/V3.2/V4 templates so does every chat request, thinking per request (runtime/hybrid_chat.py)
   - importing this module installs a log callback that cannot raise on a log line cut
     inside a multi-byte character (the stock one sprays UnicodeDecodeError tracebacks)
 """
@@ -224,15 +225,27 @@ class Llama(llama_cpp.Llama):
             super().__del__()
 
     def create_chat_completion(self, messages, *args, **kwargs):
-        """llama_cpp.Llama.create_chat_completion. For a chat template in DeepSeek's tool-call
-        markup (V2.5, V3, R1), requests with `tools` or a JSON-schema `response_format` go through
-        runtime/tool_calls.py, which answers as `deepseek-cpu serve` does; everything else, and
-        every other model, is llama-cpp-python's own handler."""
-        from . import tool_calls
+        """llama_cpp.Llama.create_chat_completion. For DeepSeek-V3.1, V3.2 and V4 templates every
+        request goes through runtime/hybrid_chat.py (thinking per request with
+        `chat_template_kwargs={"thinking": True}` or `reasoning_effort`, thoughts in
+        `reasoning_content`, tool calls and JSON-schema replies in the template's own markup); for a
+        template in DeepSeek's V2.5/V3/R1 tool-call markup, requests with `tools` or a JSON-schema
+        `response_format` go through runtime/tool_calls.py; both answer as `deepseek-cpu serve`
+        does. Everything else, and every other model, is llama-cpp-python's own handler."""
+        from . import hybrid_chat, tool_calls
+        own = not args and self.chat_handler is None and "functions" not in kwargs \
+            and self.chat_format in (None, "chat_template.default")
+        template = self.metadata.get("tokenizer.chat_template")
+        if own and hybrid_chat.template_kind(template):
+            return hybrid_chat.chat_completion(self, messages, **kwargs)
+        # the thinking fields llama_cpp.Llama does not take: a thought asked from a template
+        # without a thinking mode is refused as the server refuses it; otherwise the template's own
+        hybrid_chat.thinking_variables(template, kwargs.pop("chat_template_kwargs", None),
+                                       kwargs.pop("reasoning_effort", None))
+        for k in ("thinking_budget_tokens", "reasoning_budget_tokens"):
+            kwargs.pop(k, None)
         wants = kwargs.get("tools") or (kwargs.get("response_format") or {}).get("type") in ("json_schema", "json_object")
-        if (not args and wants and self.chat_handler is None and "functions" not in kwargs
-                and self.chat_format in (None, "chat_template.default")
-                and tool_calls.is_deepseek_tool_template(self.metadata.get("tokenizer.chat_template"))):
+        if own and wants and tool_calls.is_deepseek_tool_template(template):
             return tool_calls.chat_completion(self, messages, **kwargs)
         return super().create_chat_completion(messages, *args, **kwargs)
 

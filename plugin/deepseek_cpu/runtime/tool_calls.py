@@ -46,13 +46,15 @@ class ToolRequestError(DeepseekCpuError, ValueError):
 
 def is_deepseek_tool_template(template: str | None) -> bool:
     """The fenced markup of V2.5/V3/R1 (the server's handler, dsc_is_deepseek_tool_call_template, also
-    takes V3.1's unfenced markup; in process V3.1 is not handled yet, issue #48)."""
+    takes V3.1's unfenced markup; in process V3.1, V3.2 and V4 go to runtime/hybrid_chat.py)."""
     return bool(template) and CALLS_BEGIN in template and SEP in template and "```json" in template
 
 
-def render_prompt(template: str, messages: list[dict], tools: list[dict] | None, bos: str, eos: str) -> str:
+def render_prompt(template: str, messages: list[dict], tools: list[dict] | None, bos: str, eos: str,
+                  **variables) -> str:
     """The template rendered as transformers 4 renders it: None contents kept (the template
-    draws an assistant's tool calls only when its content is None)."""
+    draws an assistant's tool calls only when its content is None); `variables` are the template's
+    own (chat_template_kwargs: V3.1/V3.2/V4's `thinking`, runtime/hybrid_chat.py)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -62,6 +64,7 @@ def render_prompt(template: str, messages: list[dict], tools: list[dict] | None,
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.filters["from_json"] = json.loads  # V3.2's and V4's templates (llama.cpp's jinja has it)
     env.globals["raise_exception"] = raise_exception
     msgs = []
     for m in messages:
@@ -69,7 +72,7 @@ def render_prompt(template: str, messages: list[dict], tools: list[dict] | None,
         if m.get("tool_calls") and not m.get("content"):
             m["content"] = None
         msgs.append(m)
-    return env.from_string(template).render(messages=msgs, tools=tools, bos_token=bos, eos_token=eos,
+    return env.from_string(template).render(**variables, messages=msgs, tools=tools, bos_token=bos, eos_token=eos,
                                             add_generation_prompt=True)
 
 
@@ -190,7 +193,9 @@ def chat_completion(llm, messages: list[dict], tools=None, tool_choice=None, res
     kwargs.pop("grammar", None)
     stop = kwargs.pop("stop", None) or []
     stop = [stop] if isinstance(stop, str) else list(stop)
-    gen = llm.create_completion(ids, grammar=grammar, stream=stream, stop=stop, **kwargs)
+    # create_chat_completion's max_tokens=None is "up to the context" (create_completion's default is 16)
+    gen = llm.create_completion(ids, grammar=grammar, stream=stream, stop=stop,
+                                max_tokens=kwargs.pop("max_tokens", None), **kwargs)
     parse = choice != "none" and bool(offered)
     return _stream(gen, parse) if stream else _whole(gen, parse)
 

@@ -86,7 +86,8 @@ def child_run(spec: dict) -> dict:
 
     rng = np.random.default_rng(spec.get("seed", 0))
     hi = min(n_vocab, 100000)  # plain BPE tokens of both vocabularies, no specials
-    prompt = rng.integers(1000, hi, size=max(pp, depth)).tolist()
+    lo = min(1000, hi // 4)    # (a tiny test vocabulary has fewer than 1000)
+    prompt = rng.integers(lo, hi, size=max(pp, depth)).tolist()
     batch = lc.llama_batch_init(max(pp, 1), 0, 1)
 
     def decode(tokens, pos0):
@@ -121,7 +122,7 @@ def child_run(spec: dict) -> dict:
             tok = argmax()
             times.append(time.perf_counter() - t)
             if random_decode:
-                tok = int(rng.integers(1000, hi))
+                tok = int(rng.integers(lo, hi))
         return times
 
     out: dict = {"load_s": load_s, "rss_after_load_bytes": rss_load}

@@ -29,6 +29,23 @@ class UnsupportedArchitecture(ConversionError):
     pass
 
 
+class MtpLayers:
+    """The multi-token-prediction (MTP, "nextn") layers a converter writes after the main ones:
+    `n_mtp_config` from config.json, `n_mtp` what is written (0 once keep_mtp is set False: --no-mtp)."""
+    n_mtp_config: int = 0
+    n_mtp: int = 0
+    _keep_mtp: bool = True
+
+    @property
+    def keep_mtp(self) -> bool:
+        return self._keep_mtp
+
+    @keep_mtp.setter
+    def keep_mtp(self, keep: bool) -> None:
+        self._keep_mtp = bool(keep)
+        self.n_mtp = self.n_mtp_config if keep else 0
+
+
 @dataclass
 class TensorPlan:
     name: str                      # GGUF tensor name

@@ -7,6 +7,11 @@ safetensors shards, per-expert tensors, and config.json in DeepSeek's original f
 DSA "lightning indexer" (its own q/k projections, a LayerNorm on its key, per-head weights)
 that picks the `index_topk` keys each query attends to.
 
+The multi-token-prediction (MTP) layers DeepSeek stores after the main ones (V3's layer 61:
+a decoder layer plus `eh_proj`, `enorm`, `hnorm`, `shared_head.*`, `embed_tokens`) are written as
+blocks `blk.N.*` + `blk.N.nextn.*`, block_count = main + `nextn_predict_layers`, unless keep_mtp is
+False (`--no-mtp`).
+
 The output is MLA-ready: kv_b_proj is split into attn_k_b (transposed per head) and
 attn_v_b, so the engine can attend in the compressed latent space; routed experts are
 stacked into one 3-D tensor per projection.
@@ -29,7 +34,7 @@ import numpy as np
 
 from deepseek_cpu.hookspecs import hookimpl
 
-from .base import ConversionError, EncodedBlocks, TensorPlan, choose_qtype
+from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype
 from .checkpoint import Checkpoint, CheckpointError
 from .quantized import q4_0_as_q4_1
 
@@ -48,7 +53,7 @@ INDEXER_KEYS = {"index_n_heads": "attention.indexer.head_count", "index_head_dim
 # DeepseekConverter.__init__); a string or float there is a broken config, not a model
 OPTIONAL_COUNTS = ("intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
                    "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "n_group",
-                   "topk_group", "max_position_embeddings")
+                   "topk_group", "max_position_embeddings", "num_nextn_predict_layers")
 
 # how the router ranks groups of experts (the engine's deepseek2.expert_group_score_topk):
 # V2's group_limited_greedy keeps the groups holding the best single experts,
@@ -92,12 +97,12 @@ class TensorSpec:
 
 # A decoder layer's modules in the order DeepSeek's modeling code registers them: the
 # state_dict order, in which the published checkpoints are sharded.
-_LAYER_MODULES = ("self_attn.q_proj", "self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
+_LAYER_MODULES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "self_attn.q_proj", "self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
                   "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
                   "self_attn.o_proj", "self_attn.indexer.wq_b", "self_attn.indexer.wk", "self_attn.indexer.k_norm",
                   "self_attn.indexer.weights_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.experts", "mlp.gate",
                   "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
-                  "input_layernorm", "post_attention_layernorm")
+                  "input_layernorm", "post_attention_layernorm", "shared_head.norm", "shared_head.head")
 _MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
 _PARAMS = ("weight", "bias", "e_score_correction_bias")
 _OUTSIDE_LAYERS = {"model.embed_tokens.weight": 0, "model.norm.weight": 2, "lm_head.weight": 3}  # layers: 1
@@ -114,6 +119,12 @@ def _state_dict_position(name: str) -> tuple:
     return (1, int(layer), _LAYER_MODULES.index(module), _PARAMS.index(param))
 
 
+def _layer_index(name: str) -> int | None:
+    """The layer a checkpoint tensor belongs to (`model.layers.N.`), None outside the layers."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
 def tensor_table(config: dict, model_dir: str | Path = ".") -> list[TensorSpec]:
     """The GGUF tensors `config` implies, their shapes and sources (no checkpoint needed)."""
     return DeepseekConverter(config, Path(model_dir)).tensor_table()
@@ -124,7 +135,7 @@ def checkpoint_tensors(config: dict, optional: bool = False, model_dir: str | Pa
     return DeepseekConverter(config, Path(model_dir)).checkpoint_tensors(optional)
 
 
-class DeepseekConverter:
+class DeepseekConverter(MtpLayers):
     arch = ARCH
 
     def __init__(self, config: dict, model_dir: Path):
@@ -156,6 +167,11 @@ class DeepseekConverter:
         self.topk_method = config.get("topk_method") or ("noaux_tc" if self.is_v3 else "greedy")
         self.scoring = config.get("scoring_func") or ("sigmoid" if self.is_v3 else "softmax")
         self.rope = rope_config(config)
+        # multi-token-prediction (MTP, "nextn") layers: DeepSeek stores them after the main ones
+        # (V3's layer 61); written as blk.N.* + blk.N.nextn.* unless keep_mtp is set False
+        self.n_mtp_config = int(config.get("num_nextn_predict_layers") or 0)
+        self.n_mtp = self.n_mtp_config
+        self._keep_mtp = True
         self.ckpt: Checkpoint | None = None
         # GGUF tensor -> how an INT4 checkpoint's quantized weights went into it ("exact q4_1",
         # "dequantized to bf16: why"); filled by plan()
@@ -200,7 +216,10 @@ class DeepseekConverter:
         kv_lora, nope, rope_dim, v_dim = (int(c[k]) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
         name = c.get("_name_or_path") or self.dir.name
         w.add_name(Path(str(name)).name)
-        w.add_block_count(self.n_layer)
+        # the MTP layers count as blocks (llama.cpp: block_count = main layers + nextn_predict_layers)
+        w.add_block_count(self.n_layer + self.n_mtp)
+        if self.n_mtp:
+            w.add_nextn_predict_layers(self.n_mtp)
         w.add_context_length(int(c.get("max_position_embeddings", 4096)))
         w.add_embedding_length(int(c["hidden_size"]))
         w.add_feed_forward_length(int(c.get("intermediate_size") or c.get("moe_intermediate_size")))
@@ -209,7 +228,8 @@ class DeepseekConverter:
         w.add_head_count_kv(1)
         w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
         w.add_vocab_size(int(c["vocab_size"]))
-        w.add_leading_dense_block_count(self.first_dense)
+        # (a model without experts: every block dense, the MTP ones too)
+        w.add_leading_dense_block_count(self.first_dense if self.n_expert else self.n_layer + self.n_mtp)
         if self.q_lora:
             w.add_q_lora_rank(int(self.q_lora))
         w.add_kv_lora_rank(kv_lora)
@@ -291,64 +311,85 @@ class DeepseekConverter:
             table.append(TensorSpec(gguf_name, shape, (src,), shape, **kw))
 
         H, V = int(c["hidden_size"]), int(c["vocab_size"])
-        nope, rope_dim, v_dim, kv_lora = (int(c[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
-        qk = nope + rope_dim
-        n_ff = int(c.get("intermediate_size") or 0)
-        n_ff_exp = int(c.get("moe_intermediate_size") or 0)
-
         direct("token_embd.weight", "model.embed_tokens.weight", (V, H))
         for i in range(self.n_layer):
-            p, b = f"model.layers.{i}.", f"blk.{i}."
-            direct(b + "attn_norm.weight", p + "input_layernorm.weight", (H,))
-            if self.q_lora:
-                r = int(self.q_lora)
-                direct(b + "attn_q_a.weight", p + "self_attn.q_a_proj.weight", (r, H))
-                direct(b + "attn_q_a_norm.weight", p + "self_attn.q_a_layernorm.weight", (r,))
-                direct(b + "attn_q_b.weight", p + "self_attn.q_b_proj.weight", (self.n_head * qk, r))
-            else:
-                direct(b + "attn_q.weight", p + "self_attn.q_proj.weight", (self.n_head * qk, H))
-            direct(b + "attn_kv_a_mqa.weight", p + "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope_dim, H))
-            direct(b + "attn_kv_a_norm.weight", p + "self_attn.kv_a_layernorm.weight", (kv_lora,))
-            # kv_b_proj is split per head into the key part (transposed) and the value part
-            kvb, kvb_shape = (p + "self_attn.kv_b_proj.weight",), (self.n_head * (nope + v_dim), kv_lora)
-            table.append(TensorSpec(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), kvb, kvb_shape, "k_b"))
-            table.append(TensorSpec(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), kvb, kvb_shape, "v_b"))
-            direct(b + "attn_output.weight", p + "self_attn.o_proj.weight", (H, self.n_head * v_dim))
-            if self.is_v32:
-                n_idx, d_idx = int(c["index_n_heads"]), int(c["index_head_dim"])
-                ix = p + "self_attn.indexer."
-                direct(b + "indexer.attn_q_b.weight", ix + "wq_b.weight", (n_idx * d_idx, int(self.q_lora)))
-                direct(b + "indexer.attn_k.weight", ix + "wk.weight", (d_idx, H))
-                direct(b + "indexer.k_norm.weight", ix + "k_norm.weight", (d_idx,))
-                direct(b + "indexer.k_norm.bias", ix + "k_norm.bias", (d_idx,))
-                direct(b + "indexer.proj.weight", ix + "weights_proj.weight", (n_idx, H))
-            direct(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
-            if not self.is_moe_layer(i):
-                direct(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", (n_ff, H))
-                direct(b + "ffn_up.weight", p + "mlp.up_proj.weight", (n_ff, H))
-                direct(b + "ffn_down.weight", p + "mlp.down_proj.weight", (H, n_ff))
-                continue
-            direct(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", (self.n_expert, H))
-            # V3's routing bias: written whenever the checkpoint has it, needed by noaux_tc
-            bias = p + "mlp.gate.e_score_correction_bias"
-            direct(b + "exp_probs_b.bias", bias, (self.n_expert,), required=self.topk_method == "noaux_tc",
-                   missing=f"noaux_tc routing needs {bias}, which is missing")
-            for proj, gname, shape in (("gate_proj", "ffn_gate_exps", (n_ff_exp, H)),
-                                       ("up_proj", "ffn_up_exps", (n_ff_exp, H)),
-                                       ("down_proj", "ffn_down_exps", (H, n_ff_exp))):
-                srcs = tuple(f"{p}mlp.experts.{e}.{proj}.weight" for e in range(self.n_expert))
-                table.append(TensorSpec(b + gname + ".weight", (self.n_expert, *shape), srcs, shape, "stack"))
-            n_sh = int(c.get("n_shared_experts") or 0)
-            if n_sh:
-                f = n_ff_exp * n_sh
-                direct(b + "ffn_gate_shexp.weight", p + "mlp.shared_experts.gate_proj.weight", (f, H))
-                direct(b + "ffn_up_shexp.weight", p + "mlp.shared_experts.up_proj.weight", (f, H))
-                direct(b + "ffn_down_shexp.weight", p + "mlp.shared_experts.down_proj.weight", (H, f))
+            self._layer_rows(table, i)
         direct("output_norm.weight", "model.norm.weight", (H,))
         # written whenever the checkpoint has it; a tied model may leave it out
         direct("output.weight", "lm_head.weight", (V, H), required=not c.get("tie_word_embeddings"),
                missing="lm_head.weight is missing and tie_word_embeddings is not set")
+        # the MTP layers, last: a whole decoder layer each plus the nextn tensors llama.cpp's
+        # loader reads (src/models/deepseek2.cpp, deepseek32.cpp); DeepSeek's own copies of the
+        # embedding and output head (shared with the main model) are written when present
+        for i in range(self.n_layer, self.n_layer + self.n_mtp):
+            p, b = f"model.layers.{i}.", f"blk.{i}.nextn."
+            self._layer_rows(table, i)
+            direct(b + "eh_proj.weight", p + "eh_proj.weight", (H, 2 * H))
+            direct(b + "enorm.weight", p + "enorm.weight", (H,))
+            direct(b + "hnorm.weight", p + "hnorm.weight", (H,))
+            direct(b + "shared_head_norm.weight", p + "shared_head.norm.weight", (H,))
+            direct(b + "embed_tokens.weight", p + "embed_tokens.weight", (V, H), required=False)
+            direct(b + "shared_head_head.weight", p + "shared_head.head.weight", (V, H), required=False)
         return table
+
+    def _layer_rows(self, table: list[TensorSpec], i: int) -> None:
+        """The rows of decoder layer i (a main or an MTP layer)."""
+        c = self.cfg
+
+        def direct(gguf_name: str, src: str, shape: tuple[int, ...], **kw) -> None:
+            table.append(TensorSpec(gguf_name, shape, (src,), shape, **kw))
+
+        H = int(c["hidden_size"])
+        nope, rope_dim, v_dim, kv_lora = (int(c[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+        qk = nope + rope_dim
+        n_ff = int(c.get("intermediate_size") or 0)
+        n_ff_exp = int(c.get("moe_intermediate_size") or 0)
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        direct(b + "attn_norm.weight", p + "input_layernorm.weight", (H,))
+        if self.q_lora:
+            r = int(self.q_lora)
+            direct(b + "attn_q_a.weight", p + "self_attn.q_a_proj.weight", (r, H))
+            direct(b + "attn_q_a_norm.weight", p + "self_attn.q_a_layernorm.weight", (r,))
+            direct(b + "attn_q_b.weight", p + "self_attn.q_b_proj.weight", (self.n_head * qk, r))
+        else:
+            direct(b + "attn_q.weight", p + "self_attn.q_proj.weight", (self.n_head * qk, H))
+        direct(b + "attn_kv_a_mqa.weight", p + "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope_dim, H))
+        direct(b + "attn_kv_a_norm.weight", p + "self_attn.kv_a_layernorm.weight", (kv_lora,))
+        # kv_b_proj is split per head into the key part (transposed) and the value part
+        kvb, kvb_shape = (p + "self_attn.kv_b_proj.weight",), (self.n_head * (nope + v_dim), kv_lora)
+        table.append(TensorSpec(b + "attn_k_b.weight", (self.n_head, kv_lora, nope), kvb, kvb_shape, "k_b"))
+        table.append(TensorSpec(b + "attn_v_b.weight", (self.n_head, v_dim, kv_lora), kvb, kvb_shape, "v_b"))
+        direct(b + "attn_output.weight", p + "self_attn.o_proj.weight", (H, self.n_head * v_dim))
+        if self.is_v32:
+            n_idx, d_idx = int(c["index_n_heads"]), int(c["index_head_dim"])
+            ix = p + "self_attn.indexer."
+            direct(b + "indexer.attn_q_b.weight", ix + "wq_b.weight", (n_idx * d_idx, int(self.q_lora)))
+            direct(b + "indexer.attn_k.weight", ix + "wk.weight", (d_idx, H))
+            direct(b + "indexer.k_norm.weight", ix + "k_norm.weight", (d_idx,))
+            direct(b + "indexer.k_norm.bias", ix + "k_norm.bias", (d_idx,))
+            direct(b + "indexer.proj.weight", ix + "weights_proj.weight", (n_idx, H))
+        direct(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (H,))
+        if not self.is_moe_layer(i):
+            direct(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", (n_ff, H))
+            direct(b + "ffn_up.weight", p + "mlp.up_proj.weight", (n_ff, H))
+            direct(b + "ffn_down.weight", p + "mlp.down_proj.weight", (H, n_ff))
+            return
+        direct(b + "ffn_gate_inp.weight", p + "mlp.gate.weight", (self.n_expert, H))
+        # V3's routing bias: written whenever the checkpoint has it, needed by noaux_tc
+        bias = p + "mlp.gate.e_score_correction_bias"
+        direct(b + "exp_probs_b.bias", bias, (self.n_expert,), required=self.topk_method == "noaux_tc",
+               missing=f"noaux_tc routing needs {bias}, which is missing")
+        for proj, gname, shape in (("gate_proj", "ffn_gate_exps", (n_ff_exp, H)),
+                                   ("up_proj", "ffn_up_exps", (n_ff_exp, H)),
+                                   ("down_proj", "ffn_down_exps", (H, n_ff_exp))):
+            srcs = tuple(f"{p}mlp.experts.{e}.{proj}.weight" for e in range(self.n_expert))
+            table.append(TensorSpec(b + gname + ".weight", (self.n_expert, *shape), srcs, shape, "stack"))
+        n_sh = int(c.get("n_shared_experts") or 0)
+        if n_sh:
+            f = n_ff_exp * n_sh
+            direct(b + "ffn_gate_shexp.weight", p + "mlp.shared_experts.gate_proj.weight", (f, H))
+            direct(b + "ffn_up_shexp.weight", p + "mlp.shared_experts.up_proj.weight", (f, H))
+            direct(b + "ffn_down_shexp.weight", p + "mlp.shared_experts.down_proj.weight", (H, f))
 
     def checkpoint_tensors(self, optional: bool = False) -> dict[str, tuple[int, ...]]:
         """The checkpoint tensors (name -> shape) this config implies, in the order DeepSeek's
@@ -365,6 +406,7 @@ class DeepseekConverter:
         """`tensor_table` checked against the checkpoint's headers: every source present with
         the shape config.json implies, and no checkpoint tensor left unused."""
         self.ckpt = ckpt
+        self._check_mtp(ckpt)
         plans: list[TensorPlan] = []
         used: set[str] = set()
         for spec in self.tensor_table():
@@ -379,15 +421,44 @@ class DeepseekConverter:
             used.update(spec.sources)
             plans.append(self._tensor_plan(spec, outtype))
 
-        # multi-token-prediction layers (V3's layer 61) are not used for decoding
-        mtp = re.compile(rf"model\.layers\.(\d+)\.")
+        # the MTP layers, when left out (keep_mtp False, or none in the checkpoint), are not needed
         left = [n for n in ckpt.names() if n not in used
-                and not ((m := mtp.match(n)) and int(m.group(1)) >= self.n_layer)
+                and not (not self._keep_mtp and (_layer_index(n) or 0) >= self.n_layer)
                 and not n.endswith("rotary_emb.inv_freq")]
         if left:
             raise CheckpointError(f"{self.dir}: {len(left)} checkpoint tensors are not understood "
                                   f"by the {self.hf_arch} converter, e.g. {left[:4]}")
         return plans
+
+    def _check_mtp(self, ckpt) -> None:
+        """The checkpoint's MTP layers against config.json's num_nextn_predict_layers, when they
+        are kept: layers the config does not announce, or an incomplete MTP layer, are one error
+        naming them, before anything is written; a checkpoint without any MTP tensor (a
+        re-upload that dropped them) converts without the block, with a warning."""
+        if not self._keep_mtp:   # --no-mtp: whatever lies beyond the main layers is left out
+            return
+        last = self.n_layer + self.n_mtp
+        beyond = sorted({i for n in ckpt.names() if (i := _layer_index(n)) is not None and i >= last})
+        if beyond:
+            example = next(n for n in ckpt.names() if _layer_index(n) == beyond[0])
+            raise CheckpointError(
+                f"{self.dir}: the checkpoint has tensors of layer {', '.join(map(str, beyond))} (e.g. {example}), "
+                f"beyond num_hidden_layers {self.n_layer} + num_nextn_predict_layers {self.n_mtp} in config.json; "
+                f"fix the config, or convert with --no-mtp to leave them out")
+        if not self.n_mtp:
+            return
+        mtp_sources = [s for spec in self.tensor_table() if spec.required
+                       for s in spec.sources if (_layer_index(s) or 0) >= self.n_layer]
+        if not any((_layer_index(n) or 0) >= self.n_layer for n in ckpt.names()):
+            log.warning("config.json has num_nextn_predict_layers %d but the checkpoint holds no MTP layer "
+                        "(layer %d): converting without it", self.n_mtp, self.n_layer)
+            self.n_mtp = 0
+            return
+        missing = [s for s in mtp_sources if s not in ckpt]
+        if missing:
+            raise CheckpointError(
+                f"{self.dir}: the MTP layer (num_nextn_predict_layers {self.n_mtp}) is incomplete: {len(missing)} "
+                f"tensor(s) missing, e.g. {', '.join(missing[:3])}; convert with --no-mtp to leave it out")
 
     def _tensor_plan(self, spec: TensorSpec, outtype: gguf.GGMLQuantizationType) -> TensorPlan:
         """The plan of one table row. From an INT4 checkpoint (converters/quantized.py), a

@@ -17,7 +17,9 @@ Storage: the converter keeps what DeepSeek stored exactly where a GGML type can 
 experts as GGML MXFP4 (bit for bit), FP8 x power-of-two scales as bf16 (exact), F32 tensors as
 F32, the hash table as I32; `--outtype f32` dequantizes everything (exact too). Where `outtype`
 asks for less (f16, q8_0), the tensors that lose precision are listed in one warning.
-The MTP block (`mtp.N.*`) is not written yet (llama.cpp's V4 draft reads it from a separate file).
+The MTP block (`mtp.N.*`) is written as block num_hidden_layers + N (`blk.*` + `blk.*.nextn.*`, as
+llama.cpp's deepseek4 loader reads it; upstream's converter writes it to a separate file instead);
+its own mHC head `mtp.N.hc_head_*` has no tensor name there and is left out (see _check_mtp).
 
 The one table of GGUF tensors a config implies is `tensor_table`, as in deepseek.py.
 """
@@ -31,7 +33,7 @@ import numpy as np
 
 from deepseek_cpu.hookspecs import hookimpl
 
-from .base import ConversionError, EncodedBlocks, TensorPlan, choose_qtype
+from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype
 from .checkpoint import CheckpointError
 from .deepseek import TensorSpec, rope_config
 
@@ -56,7 +58,7 @@ KEYS = {"indexer_heads": "attention.indexer.head_count", "indexer_dim": "attenti
         "clamp_exp": "swiglu_clamp_exp", "clamp_shexp": "swiglu_clamp_shexp"}
 
 
-class DeepseekV4Converter:
+class DeepseekV4Converter(MtpLayers):
     arch = ARCH
 
     def __init__(self, config: dict, model_dir: Path):
@@ -76,6 +78,10 @@ class DeepseekV4Converter:
         if isinstance(self.n_hash, bool) or not isinstance(self.n_hash, int) or not 0 <= self.n_hash <= self.n_layer:
             raise ConversionError(f"{where}: num_hash_layers must be an integer from 0 to {self.n_layer}, "
                                   f"not {self.n_hash!r}")
+        self.n_mtp_config = c.get("num_nextn_predict_layers") or 0
+        if isinstance(self.n_mtp_config, bool) or not isinstance(self.n_mtp_config, int) or self.n_mtp_config < 0:
+            raise ConversionError(f"{where}: num_nextn_predict_layers must be a non-negative integer, "
+                                  f"not {self.n_mtp_config!r}")
         ratios = c.get("compress_ratios")
         if not isinstance(ratios, list) or len(ratios) < self.n_layer:
             raise ConversionError(f"{where}: compress_ratios must list one ratio per layer ({self.n_layer}), "
@@ -84,7 +90,8 @@ class DeepseekV4Converter:
         if bad:
             raise ConversionError(f"{where}: compress_ratios holds {bad[0]!r}; the engine runs "
                                   f"{', '.join(map(str, COMPRESS_RATIOS))}")
-        self.ratios = [int(r) for r in ratios[: self.n_layer]]
+        # one ratio per main layer, then one per MTP layer (V4-Flash: 43 + 1)
+        self.ratios = [int(r) for r in ratios[: self.n_layer + self.n_mtp_config]]
         scoring = c.get("scoring_func", "sqrtsoftplus")
         if scoring != "sqrtsoftplus":
             raise ConversionError(f"{where}: scoring_func {scoring!r} is not supported for DeepSeek-V4 "
@@ -104,13 +111,14 @@ class DeepseekV4Converter:
             raise ConversionError(f"{where}: num_experts_per_tok exceeds n_routed_experts")
         self.rope = rope_config(c)
         self.ckpt = None
-        self.n_mtp = int(c.get("num_nextn_predict_layers") or 0)
+        self.n_mtp = self.n_mtp_config
+        self._keep_mtp = True
         self.not_exact: dict[str, str] = {}   # GGUF tensor -> how outtype rounded it (filled by plan)
 
     def describe(self) -> str:
         c = self.cfg
         kinds = {0: "SWA", 4: "CSA", 128: "HCA"}
-        return (f"{self.hf_arch}: {self.n_layer} layers ({'/'.join(kinds[r] for r in self.ratios)}), hidden "
+        return (f"{self.hf_arch}: {self.n_layer} layers ({'/'.join(kinds[r] for r in self.ratios[:self.n_layer])}), hidden "
                 f"{c['hidden_size']}, mHC x{c['hc_mult']}, {c['n_routed_experts']} experts top-{c['num_experts_per_tok']} "
                 f"({self.n_hash} hash-routed), window {c['sliding_window']}, indexer top-{c['index_topk']}")
 
@@ -121,7 +129,10 @@ class DeepseekV4Converter:
         name = c.get("_name_or_path") or self.dir.name
         w.add_name(Path(str(name)).name)
         H = int(c["hidden_size"])
-        w.add_block_count(self.n_layer)
+        n_all = self.n_layer + self.n_mtp   # the MTP layers are blocks too (llama.cpp's deepseek4 loader)
+        w.add_block_count(n_all)
+        if self.n_mtp:
+            w.add_nextn_predict_layers(self.n_mtp)
         w.add_context_length(int(c.get("max_position_embeddings", 1 << 20)))
         w.add_embedding_length(H)
         w.add_head_count(int(c["num_attention_heads"]))
@@ -151,14 +162,14 @@ class DeepseekV4Converter:
         w.add_expert_weights_scale(float(c.get("routed_scaling_factor", 1.0)))
         w.add_expert_weights_norm(bool(c.get("norm_topk_prob", True)))
         limit = float(c.get("swiglu_limit", 0.0) or 0.0)
-        w.add_array(f"{a}.{KEYS['clamp_exp']}", [limit] * self.n_layer)
-        w.add_array(f"{a}.{KEYS['clamp_shexp']}", [limit] * self.n_layer)
+        w.add_array(f"{a}.{KEYS['clamp_exp']}", [limit] * n_all)
+        w.add_array(f"{a}.{KEYS['clamp_shexp']}", [limit] * n_all)
         w.add_uint32(f"{a}.{KEYS['indexer_heads']}", int(c["index_n_heads"]))
         w.add_uint32(f"{a}.{KEYS['indexer_dim']}", int(c["index_head_dim"]))
         w.add_uint32(f"{a}.{KEYS['indexer_topk']}", int(c["index_topk"]))
         w.add_uint32(f"{a}.{KEYS['o_groups']}", int(c["o_groups"]))
         w.add_uint32(f"{a}.{KEYS['o_lora']}", int(c["o_lora_rank"]))
-        w.add_array(f"{a}.{KEYS['ratios']}", list(self.ratios))
+        w.add_array(f"{a}.{KEYS['ratios']}", list(self.ratios[:n_all]))
         w.add_float32(f"{a}.{KEYS['compress_base']}", float(c.get("compress_rope_theta", 160000.0)))
         w.add_uint32(f"{a}.{KEYS['hc']}", int(c["hc_mult"]))
         w.add_uint32(f"{a}.{KEYS['sinkhorn']}", int(c["hc_sinkhorn_iters"]))
@@ -183,8 +194,20 @@ class DeepseekV4Converter:
             table.append(TensorSpec(gguf_name, shape, (src,), shape, op))
 
         direct("token_embd.weight", "embed.weight", (V, H))
-        for i in range(self.n_layer):
-            p, b = f"layers.{i}.", f"blk.{i}."
+        for i in range(self.n_layer + self.n_mtp):
+            if i == self.n_layer:   # the main model's head before the MTP layers, as before
+                self._head_rows(table)
+            # DeepSeek's MTP block j (`mtp.j.*`) is layer n_layer + j: the same decoder layer, plus
+            # the nextn tensors of llama.cpp's deepseek4 loader
+            p = f"layers.{i}." if i < self.n_layer else f"mtp.{i - self.n_layer}."
+            b = f"blk.{i}."
+            if i >= self.n_layer:
+                n = b + "nextn."
+                table.append(TensorSpec(n + "eh_proj.weight", (H, 2 * H), (p + "e_proj.weight", p + "h_proj.weight"),
+                                        (H, H), "concat"))
+                direct(n + "enorm.weight", p + "enorm.weight", (H,))
+                direct(n + "hnorm.weight", p + "hnorm.weight", (H,))
+                direct(n + "shared_head_norm.weight", p + "norm.weight", (H,))
             for part in ("attn", "ffn"):
                 direct(f"{b}hc_{part}_fn.weight", f"{p}hc_{part}_fn", (mix, hc * H))
                 direct(f"{b}hc_{part}_base.weight", f"{p}hc_{part}_base", (mix,))
@@ -198,6 +221,9 @@ class DeepseekV4Converter:
             direct(b + "attn_kv_a_norm.weight", p + "attn.kv_norm.weight", (hd,))
             direct(b + "attn_output_a.weight", p + "attn.wo_a.weight", (og * olr, nh * hd // og))
             direct(b + "attn_output_b.weight", p + "attn.wo_b.weight", (H, og * olr))
+            if i >= len(self.ratios):
+                raise ConversionError(f"{self.dir}/config.json: compress_ratios has no ratio for the MTP layer {i} "
+                                      f"(num_nextn_predict_layers {self.n_mtp}); convert with --no-mtp to leave it out")
             ratio = self.ratios[i]
             if ratio:
                 coff = 2 if ratio == 4 else 1   # CSA's windows overlap: two series per token
@@ -228,21 +254,37 @@ class DeepseekV4Converter:
             direct(b + "ffn_gate_shexp.weight", sp + "w1.weight", (ff * ns, H))
             direct(b + "ffn_down_shexp.weight", sp + "w2.weight", (H, ff * ns))
             direct(b + "ffn_up_shexp.weight", sp + "w3.weight", (ff * ns, H))
-        direct("output_norm.weight", "norm.weight", (H,))
-        direct("output.weight", "head.weight", (V, H))
-        direct("output_hc_fn.weight", "hc_head_fn", (hc, hc * H))
-        direct("output_hc_base.weight", "hc_head_base", (hc,))
-        direct("output_hc_scale.weight", "hc_head_scale", (1,))
+        if not self.n_mtp:
+            self._head_rows(table)
         return table
 
+    def _head_rows(self, table: list[TensorSpec]) -> None:
+        c = self.cfg
+        H, V, hc = int(c["hidden_size"]), int(c["vocab_size"]), int(c["hc_mult"])
+        for name, src, shape in (("output_norm.weight", "norm.weight", (H,)), ("output.weight", "head.weight", (V, H)),
+                                 ("output_hc_fn.weight", "hc_head_fn", (hc, hc * H)),
+                                 ("output_hc_base.weight", "hc_head_base", (hc,)),
+                                 ("output_hc_scale.weight", "hc_head_scale", (1,))):
+            table.append(TensorSpec(name, shape, (src,), shape))
+
+    def _mtp_head(self, j: int) -> list[str]:
+        """MTP block j's own mHC head (`mtp.j.hc_head_*`), which a one-file deepseek4 GGUF has no
+        tensor name for: llama.cpp's MTP graph collapses the streams with the main model's."""
+        return [f"mtp.{j}.hc_head_{k}" for k in ("fn", "base", "scale")]
+
     def checkpoint_tensors(self, optional: bool = False) -> dict[str, tuple[int, ...]]:
-        return {s: spec.source_shape for spec in self.tensor_table() for s in spec.sources}
+        out = {s: spec.source_shape for spec in self.tensor_table() for s in spec.sources}
+        hc, H = int(self.cfg["hc_mult"]), int(self.cfg["hidden_size"])
+        for j in range(self.n_mtp):   # read (compared with the main head), not written
+            out.update(zip(self._mtp_head(j), ((hc, hc * H), (hc,), (1,))))
+        return out
 
     def plan(self, ckpt, outtype: gguf.GGMLQuantizationType) -> list[TensorPlan]:
         """`tensor_table` checked against the checkpoint: every source present with the shape
         config.json implies (logical shapes: MXFP4 bytes hold two values), nothing left unused
         but the MTP block and hash layers' unused routing bias."""
         self.ckpt = ckpt
+        self._check_mtp(ckpt)
         plans, used = [], set()
         for spec in self.tensor_table():
             for src in spec.sources:
@@ -253,13 +295,11 @@ class DeepseekV4Converter:
                                           f"config.json implies {spec.source_shape}")
             used.update(spec.sources)
             plans.append(self._tensor_plan(spec, outtype))
-        mtp = [n for n in ckpt.names() if n.startswith("mtp.")]
-        if mtp:
-            log.warning("the MTP block (%d tensors, mtp.*) is not written: deepseek-cpu does not run "
-                        "DeepSeek-V4's MTP draft yet", len(mtp))
         # hash-routed layers choose experts by tid2eid; DeepSeek ships a routing bias there too, unused
         spare = {f"layers.{i}.ffn.gate.bias" for i in range(self.n_hash)}
-        left = [n for n in ckpt.names() if n not in used and n not in spare and not n.startswith("mtp.")]
+        spare.update(n for j in range(self.n_mtp) for n in self._mtp_head(j))
+        left = [n for n in ckpt.names() if n not in used and n not in spare
+                and not (n.startswith("mtp.") and not self._keep_mtp)]
         if left:
             raise CheckpointError(f"{self.dir}: {len(left)} checkpoint tensors are not understood by the "
                                   f"{self.hf_arch} converter, e.g. {left[:4]}")
@@ -268,6 +308,46 @@ class DeepseekV4Converter:
                         len(self.not_exact), outtype.name.lower(),
                         ", ".join(f"{k} ({v})" for k, v in list(self.not_exact.items())[:6]))
         return plans
+
+    def _check_mtp(self, ckpt) -> None:
+        """DeepSeek's `mtp.N.*` tensors against num_nextn_predict_layers, when kept (as deepseek.py's
+        _check_mtp): blocks the config does not announce or an incomplete block are one error naming
+        them; a checkpoint without any converts without, with a warning. MTP block j's own mHC head
+        has no place in a one-file deepseek4 GGUF: a warning when it differs from the main model's."""
+        if not self._keep_mtp:
+            return
+        names = [n for n in ckpt.names() if n.startswith("mtp.")]
+        blocks = sorted({int(b) for n in names if (b := n.split(".")[1]).isdecimal()})
+        beyond = [j for j in blocks if j >= self.n_mtp]
+        if beyond or len(blocks) != len({n.split(".")[1] for n in names}):
+            example = next((n for n in names if not n.split(".")[1].isdecimal() or int(n.split(".")[1]) >= self.n_mtp))
+            raise CheckpointError(f"{self.dir}: the checkpoint has MTP tensors (e.g. {example}) beyond config.json's "
+                                  f"num_nextn_predict_layers {self.n_mtp}; fix the config, or convert with --no-mtp "
+                                  f"to leave them out")
+        if not self.n_mtp:
+            return
+        if not names:
+            log.warning("config.json has num_nextn_predict_layers %d but the checkpoint holds no MTP block (mtp.*): "
+                        "converting without it", self.n_mtp)
+            self.n_mtp = 0
+            return
+        wanted = [s for spec in self.tensor_table() for s in spec.sources if s.startswith("mtp.")]
+        wanted += [n for j in range(self.n_mtp) for n in self._mtp_head(j)]
+        missing = [s for s in wanted if s not in ckpt]
+        if missing:
+            raise CheckpointError(f"{self.dir}: the MTP block (num_nextn_predict_layers {self.n_mtp}) is incomplete: "
+                                  f"{len(missing)} tensor(s) missing, e.g. {', '.join(missing[:3])}; convert with "
+                                  f"--no-mtp to leave it out")
+        for j in range(self.n_mtp):
+            for own, main in zip(self._mtp_head(j), ("hc_head_fn", "hc_head_base", "hc_head_scale")):
+                if ckpt.shape(own) != ckpt.shape(main):
+                    raise CheckpointError(f"{self.dir}: tensor {own} has shape {ckpt.shape(own)}, "
+                                          f"{main} {ckpt.shape(main)}")
+            differ = [own for own, main in zip(self._mtp_head(j), ("hc_head_fn", "hc_head_base", "hc_head_scale"))
+                      if not np.array_equal(ckpt.f32(own), ckpt.f32(main))]
+            if differ:
+                log.warning("%s: not written (a one-file deepseek4 GGUF has no tensor name for the MTP block's own "
+                            "mHC head; llama.cpp's MTP graph uses the main model's output_hc_*)", ", ".join(differ))
 
     def _stored(self, src: str) -> str:
         dtype = getattr(self.ckpt, "dtype", None)
@@ -282,7 +362,12 @@ class DeepseekV4Converter:
         qtype = self._qtype(spec, stored, outtype)
         if qtype == Q.MXFP4:
             return TensorPlan(spec.name, spec.shape, qtype, lambda: self._mxfp4(spec), list(spec.sources))
-        produce = (lambda: self._stack(spec)) if spec.op == "stack" else (lambda: self.ckpt.f32(spec.sources[0]))
+        if spec.op == "stack":
+            produce = lambda: self._stack(spec)  # noqa: E731
+        elif spec.op == "concat":   # the MTP block's e_proj | h_proj, along the input
+            produce = lambda: np.concatenate([self.ckpt.f32(s) for s in spec.sources], axis=1)  # noqa: E731
+        else:
+            produce = lambda: self.ckpt.f32(spec.sources[0])  # noqa: E731
         return TensorPlan(spec.name, spec.shape, qtype, produce, list(spec.sources))
 
     def _qtype(self, spec: TensorSpec, stored: str, outtype: gguf.GGMLQuantizationType):

@@ -65,13 +65,13 @@ def test_published_precision_is_stored_exactly(converted):
 
 def test_tensor_table_is_the_fixture_checkpoint():
     """The table from config.json alone names exactly the checkpoint's tensors (logical shapes: an
-    MXFP4 byte holds two values), the MTP block aside."""
+    MXFP4 byte holds two values), the MTP block's too."""
     from deepseek_cpu.converters.deepseek_v4 import DeepseekV4Converter
     from deepseek_cpu.converters.quantized import open_checkpoint
     cfg = json.loads((fixture_dir(NAME) / "config.json").read_text())
     ck = open_checkpoint(fixture_dir(NAME), cfg)
     try:
-        real = {n: ck.shape(n) for n in ck.names() if not n.startswith("mtp.")}
+        real = {n: ck.shape(n) for n in ck.names()}
     finally:
         ck.close()
     assert DeepseekV4Converter(cfg, fixture_dir(NAME)).checkpoint_tensors() == real

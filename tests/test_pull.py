@@ -550,3 +550,24 @@ def test_partial_file_hash_follows_a_restart(tmp_path):
         w.truncate()
         w.write(b"whole file")
         assert w.hasher.hexdigest() == hashlib.sha256(b"whole file").hexdigest()
+
+
+def test_deepseek_v4_pulls_as_ds_v4_keeping_the_released_experts(tmp_path, monkeypatch, hub):
+    """A V4 repo without --quant becomes ds-v4: the experts DeepSeek released in MXFP4 are copied
+    (not re-quantized); a scheme that would re-quantize them is refused before any weight is fetched."""
+    import gguf
+    repo = "deepseek-ai/tiny-v4-flash"
+    srv = HubServer({repo: make_repo(tmp_path / "v4repo", fixture="v4_flash")}, lifetime=300).start()
+    monkeypatch.setenv("HF_ENDPOINT", srv.url)
+    try:
+        res = CliRunner().invoke(cli, ["pull", repo, "--quiet", "--quant", "q4_k_m"])
+        assert res.exit_code != 0 and "--quant ds-v4" in res.output and "Traceback" not in res.output
+        assert not weight_requests(srv)
+        res = CliRunner().invoke(cli, ["pull", repo, "--quiet"])
+        path = gguf_path(res)
+        assert path.name.endswith("ds-v4.gguf"), path
+        t = {x.name: x for x in gguf.GGUFReader(path).tensors}
+        assert t["blk.1.ffn_gate_exps.weight"].tensor_type == gguf.GGMLQuantizationType.MXFP4
+        assert t["blk.0.ffn_gate_tid2eid.weight"].tensor_type == gguf.GGMLQuantizationType.I32
+    finally:
+        srv.stop()

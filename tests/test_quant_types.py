@@ -68,7 +68,8 @@ def test_cli_choices_are_the_registrys():
     p = _param("convert", "outtype")
     assert tuple(p.type.choices) == qt.DIRECT
     # every scheme name (built-in types, DeepSeek mixes, plugins') is taken by every command
-    for command, option, default in (("pull", "quant", qt.DEFAULT_PULL), ("convert", "quant", None),
+    # pull's default is the model's (hub.default_quant: DEFAULT_PULL, ds-v4 for V4), chosen after config.json
+    for command, option, default in (("pull", "quant", None), ("convert", "quant", None),
                                      ("quantize", "scheme", "q4_k_m"), ("synth", "quant", "q4_0")):
         p = _param(command, option)
         assert isinstance(p.type, SchemeName) and p.default == default, command
@@ -91,9 +92,12 @@ def test_converter_and_synth_read_the_registry():
 def test_pull_reads_the_registry():
     from deepseek_cpu import hub
     assert hub.QUANTS == qt.NAMES and hub.DIRECT == qt.DIRECT
-    assert inspect.signature(hub.pull).parameters["quant"].default == qt.DEFAULT_PULL
+    assert inspect.signature(hub.pull).parameters["quant"].default is None
     from deepseek_cpu.runtime.llama import Llama
-    assert inspect.signature(Llama.from_hub).parameters["quant"].default == qt.DEFAULT_PULL
+    assert inspect.signature(Llama.from_hub).parameters["quant"].default is None
+    from deepseek_cpu.hub.pipeline import default_quant
+    assert default_quant({"model_type": "deepseek_v3"}) == qt.DEFAULT_PULL
+    assert default_quant({"model_type": "deepseek_v4"}) == "ds-v4"
     cfg = {"torch_dtype": "bfloat16"}
     for name, t in QUANT_TYPES.items():
         need = hub.estimate_disk(2 * 10**9, 0, cfg, name)  # 1e9 bf16 parameters

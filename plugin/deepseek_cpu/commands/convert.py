@@ -28,8 +28,11 @@ from .options import SchemeName
               help="Per-tensor override for --quant (as in `deepseek-cpu quantize`; repeatable).")
 @click.option("--name", default=None, help="general.name in the GGUF (default: config's _name_or_path, "
               "else the directory name).")
+@click.option("--no-mtp", "no_mtp", is_flag=True,
+              help="Leave out the multi-token-prediction (MTP) layer of V3/R1/V3.1/V3.2/V4 (kept by default: "
+                   "the draft head for speculative decoding).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet):
+def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, no_mtp, quiet):
     """Convert a Hugging Face CHECKPOINT directory (DeepSeek-V2/V3 family) to OUT.gguf."""
     from ..quantization.quantize import convert_quantized
     if outtype and quant:
@@ -40,7 +43,7 @@ def convert(checkpoint, out, outtype, quant, imatrix, tensor_types, name, quiet)
     t0 = time.time()
     try:
         path = convert_quantized(checkpoint, out, outtype, imatrix=imatrix, tensor_types=tensor_types,
-                                 progress=not quiet, name=name)
+                                 progress=not quiet, name=name, mtp=not no_mtp)
     except OSError as e:  # e.g. a shard that cannot be read: the user's file, not a bug of ours
         if isinstance(e, DeepseekCpuError):  # MissingShard, MissingTokenizer: left to cli._Group.invoke
             raise

@@ -14,8 +14,9 @@ from .options import SchemeName
 
 @click.command("pull")
 @click.argument("repo")
-@click.option("--quant", type=SchemeName(), default=quant_types.DEFAULT_PULL, show_default=True,
-              help=f"Quantization scheme (`deepseek-cpu schemes` lists them): {'/'.join(quant_types.DIRECT)} are "
+@click.option("--quant", type=SchemeName(), default=None,
+              help=f"Quantization scheme (`deepseek-cpu schemes` lists them; default {quant_types.DEFAULT_PULL}, "
+                   f"ds-v4 for DeepSeek-V4): {'/'.join(quant_types.DIRECT)} are "
                    "written by our converter; the others are quantized by llama.cpp from a bf16 intermediate, "
                    "deleted afterwards.")
 @click.option("--revision", default=None, help="Branch, tag or commit sha (default: main).")
@@ -38,7 +39,7 @@ def pull_cmd(repo, quant, revision, token, output_dir, cache_dir, delete_snapsho
     t0 = time.time()
     echo = (lambda s: None) if quiet else (lambda s: click.echo(s, err=True))
     try:
-        res = pull(repo, quant=quant.lower(), revision=revision, token=token, cache_dir=cache_dir,
+        res = pull(repo, quant=quant.lower() if quant else None, revision=revision, token=token, cache_dir=cache_dir,
                    output_dir=output_dir, delete_snapshot=delete_snapshot, progress=not quiet,
                    verbose=verbose, echo=echo)
     except KeyboardInterrupt:  # a PullError is reported by the command group (cli.py)

@@ -87,13 +87,15 @@ def _tensor_transforms(conv) -> list:
 
 
 def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: str = "f32",
-            progress: bool = True, name: str | None = None, exact_int4: bool = True) -> Path:
+            progress: bool = True, name: str | None = None, exact_int4: bool = True, mtp: bool = True) -> Path:
     """Convert a checkpoint directory to a GGUF at `out_path`; returns the path.
 
     `name` (e.g. the hub repo id) becomes general.name; by default config.json's
     `_name_or_path`, else the directory's name. exact_int4=False dequantizes an INT4
     checkpoint's weights to `outtype` too (a float intermediate for llama.cpp's quantizer,
-    which refuses to re-quantize q4 blocks); the default keeps them exact (module docstring)."""
+    which refuses to re-quantize q4 blocks); the default keeps them exact (module docstring).
+    mtp=False leaves out the multi-token-prediction (MTP / nextn) layers of V3 / R1 / V3.1 / V3.2 /
+    V4, which are kept by default (block_count = main layers + nextn_predict_layers)."""
     model_dir, out_path = Path(model_dir), Path(out_path)
     if outtype not in OUTTYPES:
         raise ConversionError(f"unknown outtype {outtype!r}; choose one of {', '.join(OUTTYPES)}")
@@ -101,6 +103,8 @@ def convert(model_dir: str | os.PathLike, out_path: str | os.PathLike, outtype: 
     if name:  # transformers' own key for where a model came from; converters read it
         config = {**config, "_name_or_path": name}
     conv = find_converter(config, model_dir)
+    if hasattr(conv, "keep_mtp"):  # a plugin's converter may have no MTP to keep
+        conv.keep_mtp = mtp
     tok = tk.read_tokenizer(model_dir, int(config.get("vocab_size", 0)))
     ckpt = open_checkpoint(model_dir, config, exact=exact_int4)
     try:

@@ -30,6 +30,22 @@ def check_architecture(repo: str, config: dict, client) -> None:
         raise PullError(f"{repo}: config.json cannot be converted: {str(e).split(': ', 1)[-1]}") from None
 
 
+def check_scheme(repo: str, config: dict, quant: str) -> None:
+    """Refuse, before any weight is downloaded, a scheme that would re-quantize what the release
+    already stores in 4 bits (DeepSeek-V4's MXFP4 experts): ds-v4 / mxfp4_moe copy them, the
+    converter's own types keep (bf16, q8_0) or widen (f32) them."""
+    from ..quantization import registry
+    from ..quantization.quantize import _copied_exactly
+    if config.get("model_type") != "deepseek_v4":
+        return
+    sch = registry.get(quant)
+    if sch.direct or _copied_exactly(sch, "blk.0.ffn_up_exps.weight", "MXFP4"):
+        return
+    raise PullError(f"{repo}: DeepSeek-V4 releases its routed experts in MXFP4 already; --quant {quant} would "
+                    f"re-quantize them and lose quality: use --quant ds-v4 (keeps them exactly), or bf16 / f32; "
+                    f"no weights were downloaded")
+
+
 def convert_snapshot(snapshot: Path, out: Path, quant: str, progress: bool, verbose: bool, say, name: str,
                      imatrix: Path | None = None) -> None:
     """The downloaded checkpoint at `snapshot` -> `out` quantized by scheme `quant`."""

@@ -22,7 +22,7 @@ log = logging.getLogger("deepseek_cpu.hub")
 
 # Bump when the GGUF a given checkpoint converts to changes (tensor layout, metadata), so
 # cached conversions made by an older converter are not reused.
-CONVERTER_FORMAT = 1
+CONVERTER_FORMAT = 2  # 2: the MTP block of V3 / R1 / V3.1 / V3.2 / V4 is kept (issue 49)
 
 
 def gguf_cache_dir() -> Path:

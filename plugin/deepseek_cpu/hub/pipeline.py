@@ -17,7 +17,7 @@ from ..quantization import registry
 from ..quantization import types as quant_types
 from . import gguf_cache
 from .client import HubClient, progress_bars, remove_snapshot
-from .conversion import check_architecture, convert_snapshot
+from .conversion import check_architecture, check_scheme, convert_snapshot
 from .disk_plan import check_disk
 from .errors import PullError
 from .settings import hf_cache_dir, hf_endpoint, hf_offline
@@ -34,18 +34,29 @@ class PullResult:
     cached: bool
 
 
-def pull(repo: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None = None, *,
+# what a pull makes when no --quant is given, by config.json's model_type (else DEFAULT_PULL):
+# DeepSeek-V4 ships its routed experts in 4 bits already, which ds-v4 keeps bit for bit
+DEFAULT_PULL_BY_MODEL = {"deepseek_v4": "ds-v4"}
+
+
+def default_quant(config: dict) -> str:
+    return DEFAULT_PULL_BY_MODEL.get(config.get("model_type"), quant_types.DEFAULT_PULL)
+
+
+def pull(repo: str, quant: str | None = None, revision: str | None = None, *,
          token: str | None = None, cache_dir: str | os.PathLike | None = None,
          output_dir: str | os.PathLike | None = None, delete_snapshot: bool = False,
          progress: bool = True, verbose: bool = False, echo=None) -> PullResult:
-    """Download `repo` at `revision`, convert and quantize it to `quant`; returns where the GGUF is.
+    """Download `repo` at `revision`, convert and quantize it to `quant` (None: the model's default,
+    default_quant); returns where the GGUF is.
 
     `echo(str)` receives one-line status messages (default: the logger)."""
     say = echo or log.info
-    try:
-        quant = registry.get(quant).name
-    except registry.UnknownScheme as e:
-        raise PullError(str(e)) from None
+    if quant is not None:
+        try:
+            quant = registry.get(quant).name
+        except registry.UnknownScheme as e:
+            raise PullError(str(e)) from None
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         raise PullError(f"{repo!r} is not a hub repo id; give it as owner/name, e.g. deepseek-ai/DeepSeek-V2-Lite-Chat")
     revision = revision or "main"
@@ -56,6 +67,8 @@ def pull(repo: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None 
 
     with progress_bars(progress):
         sha = client.resolve()
+        if quant is None:
+            quant = default_quant(client.config(sha))
         out, record = gguf_cache.target(repo, sha, quant, output_dir)
         if gguf_cache.reusable(out, record, repo, sha, quant):
             say(f"cached: {out}")
@@ -65,6 +78,7 @@ def pull(repo: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None 
         # pre-flight: architecture, file list, disk
         config = client.config(sha)
         check_architecture(repo, config, client)
+        check_scheme(repo, config, quant)
         files, sizes, weights_size = client.plan_files(sha)
         check_disk(client, sha, files, sizes, weights_size, config, quant, out)
 

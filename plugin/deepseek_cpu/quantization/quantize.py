@@ -233,21 +233,22 @@ class _QuantLog(io.TextIOBase):
 
 def convert_quantized(checkpoint: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme, *,
                       imatrix: str | os.PathLike | None = None, tensor_types=(), name: str | None = None,
-                      progress: bool = True, verbose: bool = False, say=lambda s: None) -> Path:
+                      progress: bool = True, verbose: bool = False, say=lambda s: None, mtp: bool = True) -> Path:
     """A Hugging Face checkpoint -> `out` quantized by `scheme`. The types our converter writes
     itself (f32/f16/bf16/q8_0, no rules, no imatrix) are written directly; anything else goes
-    through a bf16 intermediate beside `out`, deleted whatever happens."""
+    through a bf16 intermediate beside `out`, deleted whatever happens. mtp=False: without the
+    multi-token-prediction layers (convert --no-mtp)."""
     from ..conversion.convert import convert
     sch = scheme if isinstance(scheme, Scheme) else registry.get(scheme)
     out = Path(out)
     if sch.direct and imatrix is None and not tensor_types:
         say(f"converting to {sch.name}")
-        return convert(checkpoint, out, outtype=sch.name, progress=progress, name=name)
+        return convert(checkpoint, out, outtype=sch.name, progress=progress, name=name, mtp=mtp)
     tmp = out.with_name(f".{out.stem}.bf16-intermediate-{os.getpid()}.gguf")
     try:
         say("converting to bf16 (intermediate)")
         # an AWQ/GPTQ checkpoint's INT4 weights dequantized too: the quantizer re-quantizes floats
-        convert(checkpoint, tmp, outtype="bf16", progress=progress, name=name, exact_int4=False)
+        convert(checkpoint, tmp, outtype="bf16", progress=progress, name=name, exact_int4=False, mtp=mtp)
         say(f"quantizing to {sch.name} with llama.cpp")
         quantize(tmp, out, sch, imatrix=imatrix, tensor_types=tensor_types, progress=progress, verbose=verbose)
     finally:

@@ -268,7 +268,7 @@ class Llama(llama_cpp.Llama):
             yield _as_length(chunk) if full.fired else chunk
 
     @classmethod
-    def from_hub(cls, repo_id: str, quant: str = quant_types.DEFAULT_PULL, revision: str | None = None, *,
+    def from_hub(cls, repo_id: str, quant: str | None = None, revision: str | None = None, *,
                  token: str | None = None, cache_dir: str | None = None, output_dir: str | None = None,
                  delete_snapshot: bool = False, progress: bool = True, **kwargs) -> "Llama":
         """Pull a safetensors checkpoint from the Hugging Face hub (download, convert, quantize,

@@ -58,7 +58,7 @@ REAL_CONFIGS["v2"] = {
 REAL_CONFIGS |= {
     # deepseek-ai/DeepSeek-V3 (671B; R1, V3-0324 and V3.1 have the same shapes). The release is
     # FP8 with per-block scales (converters/fp8.py reads it to float) and one multi-token-
-    # prediction layer (61), which the converter drops: neither changes the GGUF's tensors here.
+    # prediction layer (61), which the converter keeps as block 61 (blk.61.* + blk.61.nextn.*).
     "v3": {
         "_name_or_path": "deepseek-ai/DeepSeek-V3",
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",

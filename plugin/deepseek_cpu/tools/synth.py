@@ -114,7 +114,8 @@ def synth_plan(shape: str, quant: str, layers: int | None = None):
                              f"2^k): --quant {PUBLISHED}; quantize that file for other types")
         return cfg, conv, [SynthTensor(p.name, p.shape, conv.published_type(p), _kind(p)) for p in specs]
     scheme = synth_scheme(quant)
-    n_layer = cfg["num_hidden_layers"]
+    # llama-quantize counts every block, the MTP ones too (its n_layer is block_count)
+    n_layer = cfg["num_hidden_layers"] + getattr(conv, "n_mtp", 0)
     out = []
     for p in specs:
         qt = scheme.tensor_type(p.name, p.shape, n_layer, p.qtype(Q.F16))

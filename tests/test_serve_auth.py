@@ -3,6 +3,7 @@ never on a command line or in the server's environment; key files checked as ssh
 key; a non-loopback address without a key refused before anything starts."""
 import json
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,10 @@ def test_the_key_is_on_no_command_line_and_in_no_environment(gguf, tmp_path):
         import openai
         c = openai.OpenAI(base_url=s.url + "/v1", api_key=env_key, max_retries=0, timeout=120)
         assert c.completions.create(model="tiny", prompt="the cat", max_tokens=2).choices[0].text is not None
+        # serve's parent says "ready" when its own /health probe succeeds, which may come after ours
+        deadline = time.monotonic() + 120
+        while "API key required" not in s.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert "API key required" in s.log.read_text()
     finally:
         assert s.stop() == 0

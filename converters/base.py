@@ -69,6 +69,16 @@ class EncodedBlocks:
     data: np.ndarray  # uint8 [..., bytes of one row], the plan's qtype
 
 
+def stack_f32(ckpt, sources) -> np.ndarray:
+    """One expert tensor per source stacked into [n_expert, ...] float32, each source's pages
+    dropped once copied (the checkpoint never stays resident)."""
+    out = np.empty((len(sources), *ckpt.shape(sources[0])), dtype=np.float32)
+    for e, s in enumerate(sources):
+        out[e] = ckpt.f32(s)
+        ckpt.drop_pages(s)
+    return out
+
+
 def choose_qtype(name: str, shape: tuple[int, ...], outtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
     """Norms, biases and the router stay f32 (tiny, and precision matters there);
     a row that does not fill whole quant blocks falls back to f16."""

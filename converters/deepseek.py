@@ -34,7 +34,7 @@ import numpy as np
 
 from deepseek_cpu.hookspecs import hookimpl
 
-from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype
+from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype, stack_f32
 from .checkpoint import Checkpoint, CheckpointError
 from .quantized import q4_0_as_q4_1
 
@@ -524,7 +524,7 @@ class DeepseekConverter(MtpLayers):
         if spec.op == "v_b":
             return lambda: self._v_b(spec.sources[0])
         if spec.op == "stack":
-            return lambda: self._stack(list(spec.sources))
+            return lambda: stack_f32(self.ckpt, spec.sources)
         raise AssertionError(spec.op)
 
     def _kv_b(self, src: str) -> np.ndarray:
@@ -541,14 +541,6 @@ class DeepseekConverter(MtpLayers):
     def _v_b(self, src: str) -> np.ndarray:
         nope = int(self.cfg["qk_nope_head_dim"])
         return np.ascontiguousarray(self._kv_b(src)[:, nope:, :])
-
-    def _stack(self, srcs: list[str]) -> np.ndarray:
-        first = self.ckpt.shape(srcs[0])
-        out = np.empty((len(srcs), *first), dtype=np.float32)
-        for e, s in enumerate(srcs):
-            out[e] = self.ckpt.f32(s)
-            self.ckpt.drop_pages(s)
-        return out
 
 
 # -- plugin hooks ------------------------------------------------------------------

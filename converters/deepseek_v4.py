@@ -33,7 +33,7 @@ import numpy as np
 
 from deepseek_cpu.hookspecs import hookimpl
 
-from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype
+from .base import ConversionError, EncodedBlocks, MtpLayers, TensorPlan, choose_qtype, stack_f32
 from .checkpoint import CheckpointError
 from .deepseek import TensorSpec, rope_config
 
@@ -363,7 +363,7 @@ class DeepseekV4Converter(MtpLayers):
         if qtype == Q.MXFP4:
             return TensorPlan(spec.name, spec.shape, qtype, lambda: self._mxfp4(spec), list(spec.sources))
         if spec.op == "stack":
-            produce = lambda: self._stack(spec)  # noqa: E731
+            produce = lambda: stack_f32(self.ckpt, spec.sources)  # noqa: E731
         elif spec.op == "concat":   # the MTP block's e_proj | h_proj, along the input
             produce = lambda: np.concatenate([self.ckpt.f32(s) for s in spec.sources], axis=1)  # noqa: E731
         else:
@@ -419,13 +419,6 @@ class DeepseekV4Converter(MtpLayers):
         for s in spec.sources:
             self.ckpt.drop_pages(s)
         return EncodedBlocks(out)
-
-    def _stack(self, spec: TensorSpec) -> np.ndarray:
-        out = np.empty(spec.shape, dtype=np.float32)
-        for e, s in enumerate(spec.sources):
-            out[e] = self.ckpt.f32(s)
-            self.ckpt.drop_pages(s)
-        return out
 
 
 @hookimpl

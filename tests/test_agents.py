@@ -191,12 +191,34 @@ def test_langchain_llama_cpp_chat_llama(server):
     jsonschema.validate(out, ANSWER_SCHEMA)
 
 
-def test_langgraph_tool_loop(server):
-    """call -> tool result -> final answer, with LangGraph's ToolNode running the tool."""
+def langgraph_tool_loop(caller, answerer, the_tool, question: str) -> list:
+    """The messages of one LangGraph loop: `caller` asks for a call, LangGraph's ToolNode runs
+    `the_tool`, `answerer` answers from its result (test_agents_current.py runs it too)."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-    from langchain_core.tools import tool
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode
+
+    def agent(state: MessagesState):
+        last = state["messages"][-1]
+        return {"messages": [(answerer if isinstance(last, ToolMessage) else caller).invoke(state["messages"])]}
+
+    def route(state: MessagesState):
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([the_tool]))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", route, ["tools", END])
+    g.add_edge("tools", "agent")
+    return g.compile().invoke({"messages": [HumanMessage(question)]}, {"recursion_limit": 6})["messages"]
+
+
+def test_langgraph_tool_loop(server):
+    """call -> tool result -> final answer, with LangGraph's ToolNode running the tool."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
 
     ran = []
 
@@ -217,21 +239,7 @@ def test_langgraph_tool_loop(server):
     caller = llm.bind_tools([get_weather], tool_choice="get_weather")
     answerer = llm.bind(max_tokens=8)
 
-    def agent(state: MessagesState):
-        last = state["messages"][-1]
-        return {"messages": [(answerer if isinstance(last, ToolMessage) else caller).invoke(state["messages"])]}
-
-    def route(state: MessagesState):
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_node("tools", ToolNode([get_weather]))
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", route, ["tools", END])
-    g.add_edge("tools", "agent")
-    out = g.compile().invoke({"messages": [HumanMessage("Weather?")]}, {"recursion_limit": 6})["messages"]
+    out = langgraph_tool_loop(caller, answerer, get_weather, "Weather?")
 
     call_msg, tool_msg, final = out[1], out[2], out[3]
     assert len(ran) == 1 and tool_msg.content == f"sunny in {ran[0]}"

@@ -397,10 +397,8 @@ def test_thinking_asked_from_a_template_without_it_is_a_400(converted, tmp_path)
 
 def test_langgraph_tool_loop(served):
     pytest.importorskip("langgraph")
-    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.messages import AIMessage
     from langchain_core.tools import tool
-    from langgraph.graph import END, START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode
 
     ran = []
 
@@ -414,21 +412,8 @@ def test_langgraph_tool_loop(served):
     caller = llm.bind_tools([set_light], tool_choice="set_light", parallel_tool_calls=False)
     answerer = llm.bind(max_tokens=8)
 
-    def agent(state: MessagesState):
-        last = state["messages"][-1]
-        return {"messages": [(answerer if isinstance(last, ToolMessage) else caller).invoke(state["messages"])]}
-
-    def route(state: MessagesState):
-        last = state["messages"][-1]
-        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
-
-    g = StateGraph(MessagesState)
-    g.add_node("agent", agent)
-    g.add_node("tools", ToolNode([set_light]))
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", route, ["tools", END])
-    g.add_edge("tools", "agent")
-    out = g.compile().invoke({"messages": [HumanMessage("Light?")]}, {"recursion_limit": 6})["messages"]
+    from test_agents import langgraph_tool_loop
+    out = langgraph_tool_loop(caller, answerer, set_light, "Light?")
     call_msg, tool_msg, final = out[1], out[2], out[3]
     assert len(ran) == 1 and tool_msg.content == f"light is {'on' if ran[0] else 'off'}"
     assert tool_msg.tool_call_id == call_msg.tool_calls[0]["id"]

@@ -43,6 +43,19 @@ def run_python(code: str, env_extra: dict | None = None, unset=(), timeout=120) 
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def cached_sdist() -> tuple[Path, dict] | None:
+    """(the pinned llama-cpp-python sdist vendor/prepare.py cached, its [sdist] pin), or None."""
+    import tomllib
+    pin = tomllib.loads((REPO / "vendor" / "pin.toml").read_text())["sdist"]
+    sys.path.insert(0, str(REPO / "vendor"))
+    try:
+        import prepare
+        tarball = prepare.cache_dir() / pin["filename"]
+    finally:
+        sys.path.pop(0)
+    return (tarball, pin) if tarball.exists() else None
+
+
 def llama_cpp_source_dir() -> Path | None:
     """The pinned llama.cpp tree (for its test vectors): $DEEPSEEK_CPU_LLAMA_SRC, else the
     patched tree our build unpacked, else the files unpacked from the cached sdist."""
@@ -53,16 +66,10 @@ def llama_cpp_source_dir() -> Path | None:
         if (d / "models").is_dir():
             return d
     import tarfile
-    import tomllib
-    pin = tomllib.loads((REPO / "vendor" / "pin.toml").read_text())["sdist"]
-    sys.path.insert(0, str(REPO / "vendor"))
-    try:
-        import prepare
-        tarball = prepare.cache_dir() / pin["filename"]
-    finally:
-        sys.path.pop(0)
-    if not tarball.exists():
+    found = cached_sdist()
+    if found is None:
         return None
+    tarball, pin = found
     out = Path(os.environ.get("DEEPSEEK_CPU_TEST_CACHE", Path.home() / ".cache" / "deepseek-cpu-tests")) / "llama.cpp-models"
     if not (out / "done-all-vocabs").exists():
         prefix = pin["llama_cpp_dir"] + "/models/ggml-vocab-"

@@ -53,21 +53,14 @@ ANSWER_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
 
 def _template_text(name: str) -> str | None:
     """models/templates/NAME of the pinned llama.cpp (the patched tree, else the cached sdist)."""
-    from conftest import REPO, llama_cpp_source_dir
+    from conftest import cached_sdist, llama_cpp_source_dir
     src = llama_cpp_source_dir()
     if src is not None and (src / "models" / "templates" / name).exists():
         return (src / "models" / "templates" / name).read_text()
-    import sys
-    import tomllib
-    pin = tomllib.loads((REPO / "vendor" / "pin.toml").read_text())["sdist"]
-    sys.path.insert(0, str(REPO / "vendor"))
-    try:
-        import prepare
-        tarball = prepare.cache_dir() / pin["filename"]
-    finally:
-        sys.path.pop(0)
-    if not tarball.exists():
+    found = cached_sdist()
+    if found is None:
         return None
+    tarball, pin = found
     with tarfile.open(tarball) as tf:
         return tf.extractfile(f"{pin['llama_cpp_dir']}/models/templates/{name}").read().decode()
 

@@ -178,7 +178,13 @@ def test_tensor_table_is_the_fixture_checkpoints(name):
         real = {n: ck.shape(n) for n in ck.names()}
     finally:
         ck.close()
-    assert checkpoint_tensors(cfg) == real
+    # exactly the required tensors, and of the optional ones only the MTP layer's copies of the
+    # embedding and the output head (DeepSeek's V3 releases ship them; trained_v3_mtp has them)
+    required = checkpoint_tensors(cfg)
+    assert required.items() <= real.items()
+    assert all(n.endswith((".embed_tokens.weight", ".shared_head.head.weight")) and n.startswith("model.layers.")
+               for n in real.keys() - required.keys()), real.keys() - required.keys()
+    assert real.items() <= checkpoint_tensors(cfg, optional=True).items()
     assert checkpoint_tensors(cfg, optional=True).keys() - real.keys() == (
         set() if cfg["topk_method"] == "noaux_tc"
         else {f"model.layers.{i}.mlp.gate.e_score_correction_bias"

@@ -20,8 +20,11 @@ import pytest
 from conftest import fixture_dir
 from test_parity import engine_logits
 
-# fixture -> (main layers, GGUF architecture)
-MTP_FIXTURES = {"v3_mtp": (3, "deepseek2"), "v4_flash": (4, "deepseek4"), "v32_mtp": (3, "deepseek32")}
+# fixture -> (main layers, GGUF architecture); trained_v3_mtp: main model and MTP head trained on text
+MTP_FIXTURES = {"v3_mtp": (3, "deepseek2"), "v4_flash": (4, "deepseek4"), "v32_mtp": (3, "deepseek32"),
+                "trained_v3_mtp": (3, "deepseek2")}
+# fixture -> the fixture holding its config.json and reference.npz (v32_mtp is v32_dsa + a layer)
+REF_FIXTURE = {"v3_mtp": "v3_noaux", "v4_flash": "v4_flash", "v32_mtp": "v32_dsa", "trained_v3_mtp": "trained_v3_mtp"}
 
 
 def _dtype_of(arr_dtype: str):
@@ -111,7 +114,8 @@ def test_gguf_holds_the_mtp_block_as_the_loader_names_it(mtp_ggufs, name):
     assert kv[f"{arch}.block_count"] == n_layer + 1
     assert kv[f"{arch}.nextn_predict_layers"] == 1
     shapes = {t.name: tuple(int(x) for x in t.shape) for t in r.tensors}  # GGUF order: ne0 first
-    H, V = 64, 400
+    cfg = json.loads((fixture_dir(REF_FIXTURE[name]) / "config.json").read_text())
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
     b = f"blk.{n_layer}.nextn."
     want = {b + "eh_proj.weight": (2 * H, H), b + "enorm.weight": (H,), b + "hnorm.weight": (H,),
             b + "shared_head_norm.weight": (H,)}
@@ -148,8 +152,7 @@ def test_eh_proj_is_deepseeks_projection_of_enorm_then_hnorm(mtp_ggufs, name):
 
 @pytest.mark.parametrize("name", MTP_FIXTURES)
 def test_main_logits_are_exactly_those_without_the_block(mtp_ggufs, name):
-    ref_name = {"v3_mtp": "v3_noaux", "v4_flash": "v4_flash", "v32_mtp": "v32_dsa"}[name]
-    tokens = np.load(fixture_dir(ref_name) / "reference.npz")["tokens"]
+    tokens = np.load(fixture_dir(REF_FIXTURE[name]) / "reference.npz")["tokens"]
     with_mtp, without = (engine_logits(p, tokens, n_ctx=256) for p in mtp_ggufs[name])
     assert np.array_equal(with_mtp, without)
     if name == "v3_mtp":  # v3_noaux's main model, which transformers' logits are of

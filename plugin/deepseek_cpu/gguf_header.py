@@ -4,7 +4,8 @@ gguf.GGUFReader builds a numpy view per array element: on DeepSeek's 102,400-tok
 that is millions of objects and seconds per read, paid by every caller that only wants a few
 keys or the tensor offsets (sizing a context, planning a memory budget, a benchmark's report).
 This reader walks the header once with struct, keeps scalar and string values, skips arrays
-(recording their length), and returns each tensor's name, shape, type and absolute offset.
+(recording their length; short numeric ones, per-layer values, are kept too: GGUFHeader.array),
+and returns each tensor's name, shape, type and absolute offset.
 """
 from __future__ import annotations
 
@@ -41,16 +42,24 @@ class TensorEntry:
     nbytes: int
 
 
+MAX_KEPT_ARRAY = 4096  # per-layer arrays are short; vocabularies (skipped) are long
+
+
 @dataclass
 class GGUFHeader:
     path: Path
     size: int
     fields: dict[str, object] = field(default_factory=dict)  # scalars and strings; arrays as ("array", n)
     tensors: list[TensorEntry] = field(default_factory=list)
+    arrays: dict[str, list] = field(default_factory=dict)  # numeric arrays of at most MAX_KEPT_ARRAY
 
     def get(self, key: str, default=None):
         v = self.fields.get(key, default)
         return default if isinstance(v, tuple) else v
+
+    def array(self, key: str) -> list | None:
+        """A short numeric array's values (per-layer settings), or None."""
+        return self.arrays.get(key)
 
     @property
     def arch(self) -> str:
@@ -119,7 +128,10 @@ def _parse(path: Path, size: int, m) -> GGUFHeader:
             h.fields[key] = string()
         elif vtype == gguf.GGUFValueType.ARRAY:
             atype, n = take("<I"), take("<Q")
-            skip_array(atype, n)
+            if atype in _SCALAR and n <= MAX_KEPT_ARRAY:
+                h.arrays[key] = [take(_SCALAR[atype]) for _ in range(n)]
+            else:
+                skip_array(atype, n)
             h.fields[key] = ("array", n)
         elif vtype in _SCALAR:
             h.fields[key] = take(_SCALAR[vtype])

@@ -42,11 +42,16 @@ from ..tools.bench import _parse_opts, bench, format_table, plot
 @click.option("--seed", default=0, show_default=True, help="Seed of the random prompt.")
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds allowed per run.")
 @click.option("--no-warm-cache", is_flag=True, help="Do not read the model into the page cache first.")
+@click.option("--mtp", type=click.IntRange(0, 3), is_flag=False, flag_value=1, default=0, metavar="[N]",
+              help="Also run ours with N (default 1) MTP drafts a step (engine ours+mtp): greedy decode after a "
+                   "text, drafts kept, tokens per step, same tokens or not.")
+@click.option("--text", "text_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --mtp: the text to continue (default: a built-in Python snippet).")
 @click.option("--no-warm-load", is_flag=True,
               help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
 def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, rpc_servers, ours_opt,
               stock_opt, ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
-              no_warm_load):
+              mtp, text_file, no_warm_load):
     """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
 
     Each run is a fresh process; with --compare-stock, ours and stock alternate and the
@@ -67,7 +72,8 @@ def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_at
                     ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}),
                                **({"rpc_servers": rpc_servers} if rpc_servers else {}), **_parse_opts(ours_opt)},
                     stock_opts=_parse_opts(stock_opt), ours_lib=ours_lib, stock_lib=stock_lib, seed=seed,
-                    timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load,
+                    timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load, mtp=mtp,
+                    text=Path(text_file).read_text(encoding="utf-8", errors="replace") if text_file else None,
                     log=lambda m, nl=True: click.echo(m, err=True, nl=nl))
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None

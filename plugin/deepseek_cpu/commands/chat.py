@@ -14,7 +14,7 @@ import time
 import click
 
 from ..hookspecs import hookimpl
-from .options import terminal_options
+from .options import open_terminal_model, terminal_options
 
 
 def chat_loop(llm, lines, echo=click.echo, system: str | None = None, max_tokens: int = 512,
@@ -75,10 +75,9 @@ def _ctx_full(llm) -> bool:
 @click.option("-n", "--max-tokens", default=512, show_default=True, help="Per reply.")
 @click.option("--temperature", default=0.0, show_default=True)
 @terminal_options
-def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
+def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
-    from ..runtime.llama import open_for_terminal
-    llm = open_for_terminal(model, threads, n_ctx, mem_budget, prefetch)
+    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp)
     click.echo(f"chatting with {model} (n_ctx {llm.n_ctx()}); /reset, /exit", err=True)
     chat_loop(llm, iter(sys.stdin), system=system, max_tokens=max_tokens, temperature=temperature)
 

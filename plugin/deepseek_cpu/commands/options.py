@@ -28,9 +28,16 @@ def cpu_set_option(cpus: str | None) -> set[int] | None:
     return cpu_set
 
 
+# --mtp alone drafts one token a step; --mtp N drafts N (the same tokens come out either way)
+MTP_OPTION = click.option(
+    "--mtp", type=click.IntRange(0, 3), is_flag=False, flag_value=1, default=0, metavar="[N]",
+    help="Draft N tokens (default 1) a step with the model's own multi-token-prediction head "
+         "(DeepSeek-V3/R1/V3.1/V3.2); same output, more tokens per step.")
+
+
 def terminal_options(command):
     """The options of the commands that open a model in this process (run, chat): threads,
-    context, memory budget, prefetch policy; open_for_terminal takes them."""
+    context, memory budget, prefetch policy, MTP drafts; open_for_terminal takes them."""
     for option in reversed((
         click.option("--threads", type=int, default=None, help="Default: physical cores available."),
         click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory)."),
@@ -38,6 +45,7 @@ def terminal_options(command):
                      help="Run within SIZE of memory (e.g. 4G): the routed experts used from the file mapping."),
         click.option("--prefetch", default=None, metavar="POLICY",
                      help="Prefetch policy under --mem-budget: popular (default), pinned, none, or a plugin's."),
+        MTP_OPTION,
     )):
         command = option(command)
     return command
@@ -58,3 +66,13 @@ class SchemeName(click.ParamType):
             return get_scheme(value).name
         except UnknownScheme as e:
             self.fail(str(e), param, ctx)
+
+
+def open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp):
+    """The model as run and chat open it (runtime.llama.open_for_terminal); a file llama.cpp
+    cannot load is a one-line error, not a traceback."""
+    from ..runtime.llama import open_for_terminal
+    try:
+        return open_for_terminal(model, threads, n_ctx, mem_budget, prefetch, mtp)
+    except ValueError as e:
+        raise click.ClickException(f"{e} (is it a GGUF model file?)" if "Failed to load" in str(e) else str(e)) from None

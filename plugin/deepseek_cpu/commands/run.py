@@ -6,7 +6,7 @@ import time
 import click
 
 from ..hookspecs import hookimpl
-from .options import terminal_options
+from .options import open_terminal_model, terminal_options
 
 
 @click.command()
@@ -15,16 +15,17 @@ from .options import terminal_options
 @click.option("-n", "--max-tokens", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True)
 @terminal_options
-def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch):
+def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
-    from ..runtime.llama import open_for_terminal
-    llm = open_for_terminal(model, threads, n_ctx, mem_budget, prefetch)
+    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp)
     t0, n = time.time(), 0
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
         click.echo(chunk["choices"][0]["text"], nl=False)
         n += 1
     dt = time.time() - t0
-    click.echo(f"\n[{n} tokens in {dt:.2f} s, {n / dt if dt else 0:.1f} tok/s]", err=True)
+    stats = llm.mtp_stats
+    drafts = f"; MTP drafts kept {stats.acceptance:.0%}, {stats.tokens_per_step:.2f} tokens/step" if stats else ""
+    click.echo(f"\n[{n} tokens in {dt:.2f} s, {n / dt if dt else 0:.1f} tok/s{drafts}]", err=True)
 
 
 

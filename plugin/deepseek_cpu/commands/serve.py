@@ -43,14 +43,21 @@ def say(message: str) -> None:
               help="Require the keys in PATH (one a line, '#' comments), a file only you may read (chmod 600).")
 @click.option("--insecure", is_flag=True,
               help="Allow a non-loopback --host without an API key (anyone who reaches the port may use it).")
+@click.option("--no-webui", is_flag=True, help="The API only: no chat page at http://HOST:PORT/.")
+@click.option("--mtp", type=click.IntRange(0, 3), is_flag=False, flag_value=1, default=0, metavar="[N]",
+              help="Draft N tokens (default 1) a step with the model's multi-token-prediction head "
+                   "(llama-server's draft-mtp); the same replies, more tokens per step.")
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-              rpc_servers, rpc_local, api_key, api_key_file, insecure, dry_run, extra):
+              rpc_servers, rpc_local, api_key, api_key_file, insecure, no_webui, mtp, dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     On an address other machines can reach, an API key is required (or --insecure), and no other
     web site's page may read the API from a browser (CORS: localhost origins only).
+
+    A chat page is served at http://HOST:PORT/ (--no-webui: the API only); with an API key it
+    loads without one, and asks for it.
 
     Flags after `--` go to llama-server unchanged, e.g. `-- --context-shift`."""
     from ..gguf_header import read
@@ -75,8 +82,14 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
                                                            header, say)
         extra = (*rpc_args, *extra)
         env.update(rpc_env)
+    if mtp and header is not None:
+        from ..runtime.mtp import unavailable_reason
+        reason = unavailable_reason(header)
+        if reason:
+            say(f"MTP off: {reason}")
+            mtp = 0
     cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header,
-                              api_key=bool(keys))
+                              api_key=bool(keys), webui=not no_webui, mtp=mtp)
     if dry_run:
         pin = ["taskset", "-c", cpus] if cpu_set else []
         click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))

@@ -23,6 +23,8 @@ from __future__ import annotations
 import inspect
 import os
 
+import numpy as np
+
 from .. import _dropin
 from ..quantization import types as quant_types
 from . import memory_budget, resources
@@ -85,8 +87,40 @@ def _as_length(chunk: dict) -> dict:
 class Llama(llama_cpp.Llama):
     __doc__ = (llama_cpp.Llama.__doc__ or "") + "\n\n" + (__doc__ or "")
 
-    def __init__(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
-                 rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None, **kwargs):
+    def __init__(self, model_path: str, *args, mtp: bool | int = False, **kwargs):
+        """mtp: draft with the model's own multi-token-prediction head (DeepSeek-V3/R1/V3.1/V3.2):
+        True or a number of draft tokens (1..3) per step, verified by the model in one batch
+        (runtime/mtp.py). Same tokens as without it, greedy or sampled alike; a model without an
+        MTP layer says so in one line and decodes as usual. `self.mtp_stats` counts drafts and
+        kept tokens."""
+        from . import mtp as mtp_mod
+        n_draft = mtp_mod.parse_draft(mtp)
+        self._mtp = None
+        if not n_draft:
+            self._init(model_path, *args, **kwargs)
+            return
+        if kwargs.get("draft_model") is not None:
+            raise ValueError("mtp and draft_model are two draft models: pass one")
+        from . import model_params
+        with model_params.with_mtp(), model_params.rollback_snapshots(n_draft):
+            self._init(model_path, *args, **kwargs)
+        from ..gguf_header import read
+        reason = mtp_mod.unavailable_reason(read(model_path))
+        if reason:
+            mtp_mod.warn(reason)
+            return
+        from .mtp_draft import MtpDraft
+        self._mtp = MtpDraft(self, n_draft)
+        self.draft_model = self._mtp
+        self._stack.callback(self._mtp.close)  # before the model is freed (the stack is LIFO)
+
+    @property
+    def mtp_stats(self):
+        """MTP draft counters (runtime/mtp.py MtpStats), None without MTP."""
+        return self._mtp.stats if self._mtp is not None else None
+
+    def _init(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
+              rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None, **kwargs):
         """mem_budget: run within this much memory ("4G"): the routed experts are used from the
         file mapping instead of being copied, what every token reads is copied as usual, and a
         prefetch policy (`prefetch`, default "popular") reads the popular experts ahead
@@ -148,10 +182,10 @@ class Llama(llama_cpp.Llama):
         """llama_cpp.Llama.eval; over RPC workers, a lost worker is an RpcWorkerLost, not garbage
         or a bare `llama_decode returned -3`."""
         if getattr(self, "rpc_split", None) is None:
-            return super().eval(tokens)
+            return self._eval(tokens)
         from . import rpc
         try:
-            super().eval(tokens)
+            self._eval(tokens)
             # llama-cpp-python reads no logits here unless logits_all: wait for the workers, as a
             # CPU backend would have, so that a loss shows up at this token and timings are real
             llama_cpp.llama_synchronize(self._ctx.ctx)
@@ -159,6 +193,29 @@ class Llama(llama_cpp.Llama):
             rpc.check(self._rpc_losses)
             raise
         rpc.check(self._rpc_losses)
+
+    def _eval(self, tokens):
+        """llama_cpp.Llama.eval, and with MTP: a draft's batch computes logits at every row (the
+        sampler checks each draft; llama-cpp-python would otherwise keep logits for every token
+        of the context, n_ctx x n_vocab floats), and every batch's hidden states go to the head."""
+        d = self._mtp
+        if d is None:
+            return super().eval(tokens)
+        verify = d.is_verify(tokens, self.n_tokens)
+        # sequence 0 by its id: a cache that rolls back by snapshots (V4's) refuses "all sequences"
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx.ctx), 0, self.n_tokens, -1)
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            n_past, n = self.n_tokens, len(chunk)
+            self._batch.set_batch(batch=chunk, n_past=n_past, logits_all=verify or self._logits_all)
+            self._ctx.decode(self._batch)
+            self.input_ids[n_past:n_past + n] = chunk
+            if self._logits_all:
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(n * self._n_vocab,))
+                self.scores[n_past:n_past + n, :].reshape(-1)[::] = logits
+            self.n_tokens += n
+            d.target_batch(n_past, n, verify)
+        self._requires_eval = False
 
     def create_completion(self, *args, **kwargs):
         """llama_cpp.Llama.create_completion; reaching n_ctx ends with finish_reason="length"."""
@@ -283,9 +340,9 @@ class Llama(llama_cpp.Llama):
 
 
 def open_for_terminal(model: str, threads: int | None = None, n_ctx: int | None = None,
-                      mem_budget: str | None = None, prefetch: str | None = None) -> "Llama":
+                      mem_budget: str | None = None, prefetch: str | None = None, mtp: int = 0) -> "Llama":
     """The model as `run` and `chat` open it: quiet, our defaults unless given."""
-    kw: dict = {"verbose": False}
+    kw: dict = {"verbose": False, "mtp": mtp}
     if mem_budget:
         kw.update(mem_budget=mem_budget, prefetch=prefetch)
     if threads:

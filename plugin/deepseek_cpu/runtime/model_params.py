@@ -1,7 +1,7 @@
 """Model-load settings that llama-cpp-python's Llama() has no argument for, for one load.
 
 Llama.__init__ builds its llama_model_params from llama_model_default_params(); while
-no_repacking() is active, the defaults it reads carry the setting. mapped() sets the engine's
+no_repacking() or with_mtp() is active, the defaults it reads carry the setting. mapped() sets the engine's
 DEEPSEEK_CPU_MAPPED for the load.
 """
 from __future__ import annotations
@@ -36,6 +36,33 @@ def no_repacking():
     def change(p):
         p.use_extra_bufts = False
     return _patched_defaults(change)
+
+
+def with_mtp():
+    """Load the multi-token-prediction (MTP) layer too: llama.cpp skips it unless asked (it is
+    only the draft head; runtime/mtp.py)."""
+    def change(p):
+        p.load_mtp = True
+    return _patched_defaults(change)
+
+
+@contextlib.contextmanager
+def rollback_snapshots(n: int):
+    """Contexts made meanwhile keep n snapshots of a recurrent state per sequence, so that the last
+    n positions can be dropped again (speculative drafts the sampler rejects). Only caches with such
+    a state use it (DeepSeek-V4's compressors); llama.cpp ignores it for the others."""
+    mod = llama_cpp.llama.llama_cpp
+    orig = mod.llama_context_default_params
+
+    def defaults():
+        p = orig()
+        p.n_rs_seq = n
+        return p
+    mod.llama_context_default_params = defaults
+    try:
+        yield
+    finally:
+        mod.llama_context_default_params = orig
 
 
 @contextlib.contextmanager

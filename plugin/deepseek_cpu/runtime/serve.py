@@ -21,7 +21,13 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
                           chat_template_kwargs {"thinking": true} or {"enable_thinking": true}
   -t/-tb                  physical cores of this process (affinity, cgroup quota)
   -fa off                 as deepseek_cpu.Llama: CPU flash attention costs accuracy
-  --no-webui              the API only (the web UI is not built into our package)
+  --webui --path DIR      our chat page (data/chat/index.html) at /, served by llama-server itself
+                          from DIR: the pinned llama.cpp source carries no built web UI. `/` is the one
+                          path llama-server's API-key check lets through, so the page loads without a
+                          key and the user enters it there; every API call still needs it. Hence a
+                          single self-contained file (anything else under DIR would need the key).
+                          Not with the user's own --path (or LLAMA_ARG_STATIC_PATH): theirs is served.
+  --no-webui              instead, with serve's --no-webui (webui=False): the API only, / is a 404
   --api-key-file /dev/fd/N  with an API key (--api-key, --api-key-file or DEEPSEEK_CPU_API_KEY):
                           the keys reach llama-server through a pipe, never on its command line
                           (visible in /proc) nor in a file left behind
@@ -59,6 +65,8 @@ ENV_API_KEY = "DEEPSEEK_CPU_API_KEY"  # the API key (comma-separated keys) when 
 # stands for the pipe the keys are read from (/dev/fd/N, made when the server starts)
 API_KEY_PIPE = "<api-key-pipe>"
 MAX_KEYS_BYTES = 60_000  # the keys are written to a pipe before the server reads them: under its 64 KiB
+# the chat page's folder (package data; see CHAT_PAGE_DIR's use in build_command)
+CHAT_PAGE_DIR = Path(__file__).resolve().parent.parent / "data" / "chat"
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +238,11 @@ def template_thinks_by_default(template: str | None) -> bool | None:
 
 def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = DEFAULT_PARALLEL,
                   ctx_per_slot: int | None = None, threads: int | None = None, alias: str | None = None,
-                  extra: tuple[str, ...] | list[str] = (), header=None, api_key: bool = False) -> list[str]:
+                  extra: tuple[str, ...] | list[str] = (), header=None, api_key: bool = False,
+                  webui: bool = True, mtp: int = 0) -> list[str]:
     """llama-server's command line; api_key: the keys come through API_KEY_PIPE (run_server
-    makes the pipe, given the keys)."""
+    makes the pipe, given the keys); webui: our chat page at / (else the API only); mtp: draft
+    tokens a step with the model's MTP head (0: off)."""
     from .resources import default_threads
     threads = threads or default_threads()
     ctx_per_slot = ctx_per_slot or default_ctx_per_slot(model, parallel, header)
@@ -240,12 +250,20 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
         str(server_binary()), "-m", str(model),
         "--host", host, "--port", str(port),
         "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel),
-        "--cont-batching", "--metrics", "--jinja", "--no-webui",
+        "--cont-batching", "--metrics", "--jinja",
         "-t", str(threads), "-tb", str(threads),
         "-fa", "off",
     ]
+    if not webui:
+        cmd += ["--no-webui"]
+    elif _given(("--path",), extra, ("LLAMA_ARG_STATIC_PATH",), os.environ):
+        cmd += ["--webui"]  # the user's own static files
+    else:
+        cmd += ["--webui", "--path", str(CHAT_PAGE_DIR)]
     if alias:
         cmd += ["--alias", alias]
+    if mtp:  # llama-server's MTP drafting: an MTP context on the same model (docs/mtp.md)
+        cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(mtp)]
     if api_key:
         cmd += ["--api-key-file", API_KEY_PIPE]
     if not is_loopback(host) and not _given(("--cors-origins",), extra, ("LLAMA_ARG_CORS_ORIGINS",), os.environ):
@@ -254,6 +272,19 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
         if template_thinks_by_default(header.get("tokenizer.chat_template")) is False:
             cmd += ["--reasoning", "off"]
     return cmd + list(extra)
+
+
+def serves_page(cmd: list[str], environ=os.environ) -> bool:
+    """Whether llama-server run with `cmd` serves a page at /: static files given (--path, or its
+    variable) and the UI not turned off by the last of its on/off flags (a `-- --no-webui` after
+    ours wins)."""
+    on = True
+    for a in cmd:
+        if a in ("--ui", "--webui"):
+            on = True
+        elif a in ("--no-ui", "--no-webui"):
+            on = False
+    return on and _given(("--path",), cmd, ("LLAMA_ARG_STATIC_PATH",), environ)
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600.0) -> bool:
@@ -337,7 +368,8 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         url = f"http://{probe_host}:{port}"
         if wait_ready(url, proc, ready_timeout):
             say(f"ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)"
-                + ("; API key required" if pass_fds else ""))
+                + ("; API key required" if pass_fds else "")
+                + (f"; chat in a browser: http://{host}:{port}/" if serves_page(cmd, env) else ""))
         elif proc.poll() is None and not forwarded:
             say(f"{url}/health not ready after {ready_timeout:.0f} s")
         while True:

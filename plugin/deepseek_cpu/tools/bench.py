@@ -35,6 +35,20 @@ __all__ = ["SCHEMA", "METRICS", "bench", "run_once", "ours_lib_dir", "summarize"
            "plot"]
 
 SCHEMA = "deepseek-cpu-bench/1"
+MTP_ENGINE = "ours+mtp"  # ours with MTP drafts (bench --mtp): the same library, Llama(mtp=N)
+# bench --mtp's default text: drafts are judged on text, not on random token ids; code and prose
+# as DeepSeek's users send (the trained test models learnt Python's standard library)
+MTP_TEXT = (
+    "def read_config(path):\n"
+    "    \"\"\"Read a configuration file and return its sections as a dictionary.\"\"\"\n"
+    "    import configparser\n"
+    "    parser = configparser.ConfigParser()\n"
+    "    with open(path, encoding=\"utf-8\") as f:\n"
+    "        parser.read_file(f)\n"
+    "    return {name: dict(parser[name]) for name in parser.sections()}\n\n\n"
+    "class Cache:\n"
+    "    \"\"\"A small least-recently-used cache.\"\"\"\n\n"
+    "    def __init__(self, size=128):\n")
 
 
 # ------------------------------------------------------------------------------------
@@ -160,8 +174,11 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
           ctx_depth: int = 4096, compare_stock: bool = False, opts: dict | None = None,
           ours_opts: dict | None = None, stock_opts: dict | None = None, ours_lib: str | None = None,
           stock_lib: str | None = None, seed: int = 0, timeout: float = 3600, warm_cache: bool = True,
-          warm_load: bool = True, log=None) -> dict:
-    """Run the benchmark (see the module docstring); returns the JSON-ready result."""
+          warm_load: bool = True, mtp: int = 0, text: str | None = None, log=None) -> dict:
+    """Run the benchmark (see the module docstring); returns the JSON-ready result.
+
+    mtp: N > 0 adds the engine "ours+mtp" (ours with N MTP drafts a step), and every engine also
+    generates tg tokens greedily after `text` (default: MTP_TEXT); ours+mtp measures only that."""
     from ..runtime.resources import default_threads
     if log is None:
         def log(msg, nl=True):
@@ -179,9 +196,15 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
     spec = {"model": os.path.abspath(model), "pp": pp, "tg": tg, "ctx_depth": ctx_depth, "threads": threads,
             "n_ctx": n_ctx, "seed": seed}
     per_engine_opts = {"ours": {**(opts or {}), **(ours_opts or {})}, "stock": {**(opts or {}), **(stock_opts or {})}}
+    engine_spec = {e: {} for e in ("ours", "stock", MTP_ENGINE)}
+    if mtp:
+        libs[MTP_ENGINE] = libs["ours"]
+        per_engine_opts[MTP_ENGINE] = {**per_engine_opts["ours"], "mtp": mtp}
+        spec["text"] = text or MTP_TEXT
+        engine_spec[MTP_ENGINE] = {"text_only": True}
     result = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": _gguf_info(model),
-              "settings": {**spec, "repeat": repeat, "warm_load": warm_load, "opts": per_engine_opts if compare_stock else
-                           {"ours": per_engine_opts["ours"]}},
+              "settings": {**spec, "repeat": repeat, "warm_load": warm_load, "mtp": mtp,
+                           "opts": {e: per_engine_opts[e] for e in libs}},
               "host": _host(), "engines": {}}
     if "stock" in libs and (libs["stock"].parent / "stock.json").is_file():
         built = json.loads((libs["stock"].parent / "stock.json").read_text())
@@ -196,7 +219,7 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         result["warm_loads"] = {}
         for e, lib in libs.items():
             log(f"untimed load {e:5s} ...", nl=False)
-            res = run_once(e, lib, {**spec, "opts": per_engine_opts[e], "load_only": True}, timeout)
+            res = run_once(e, lib, {**spec, "opts": per_engine_opts[e], "load_only": True, "text": None}, timeout)
             result["warm_loads"][e] = res
             log(f" {res['load_s']:.1f} s" if res.get("ok") else f" FAILED: {res.get('error')}")
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -212,13 +235,18 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
                 log(f"warning: load average {load:.1f} on {ncpu} CPUs: other processes compete, "
                     f"numbers will be noisy")
             log(f"run {r + 1}/{repeat} {e:5s} ...", nl=False)
-            res = run_once(e, lib, {**spec, "opts": per_engine_opts[e]}, timeout)
+            res = run_once(e, lib, {**spec, **engine_spec[e], "opts": per_engine_opts[e]}, timeout)
             res["load_avg_before"] = load
             runs[e].append(res)
             if res.get("ok"):
-                msg = (f" pp {res['pp_tok_s']:.1f} tok/s, tg {res['tg_tok_s']:.2f} tok/s"
-                       + (f", tg@{ctx_depth} {res['tg_depth_tok_s']:.2f} tok/s" if ctx_depth else "")
-                       + f", load {res['load_s']:.1f} s, peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB")
+                msg = "".join(part for key, part in (
+                    ("pp_tok_s", f" pp {res.get('pp_tok_s') or 0:.1f} tok/s,"),
+                    ("tg_tok_s", f" tg {res.get('tg_tok_s') or 0:.2f} tok/s,"),
+                    ("tg_depth_tok_s", f" tg@{ctx_depth} {res.get('tg_depth_tok_s') or 0:.2f} tok/s,"),
+                    ("tg_text_tok_s", f" text tg {res.get('tg_text_tok_s') or 0:.2f} tok/s,"),
+                    ("mtp_acceptance", f" drafts kept {100 * (res.get('mtp_acceptance') or 0):.0f}%,"))
+                    if res.get(key) is not None)
+                msg += f" load {res['load_s']:.1f} s, peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB"
             else:
                 msg = f" FAILED: {res.get('error')}\n    " + "\n    ".join(res.get("stderr_tail", [])[-6:])
             log(msg)
@@ -232,10 +260,16 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
             "runs": [{k: v for k, v in x.items() if k not in ("system_info", "library", "build_info", "amx")} for x in runs[e]],
             "summary": summarize(runs[e]),
         }
-    if compare_stock:
-        so, ss = result["engines"]["ours"]["summary"], result["engines"]["stock"]["summary"]
-        result["ratios_ours_over_stock"] = {m: so[m]["median"] / ss[m]["median"]
-                                            for m in METRICS if m in so and m in ss and ss[m]["median"]}
+    for a, b in (("ours", "stock"), (MTP_ENGINE, "ours")):
+        if a in result["engines"] and b in result["engines"]:
+            sa, sb = result["engines"][a]["summary"], result["engines"][b]["summary"]
+            result[f"ratios_{a.replace('+', '_')}_over_{b}"] = {m: sa[m]["median"] / sb[m]["median"]
+                                                                for m in METRICS if m in sa and m in sb and sb[m]["median"]}
+    if mtp:  # speculative decoding must not change the greedy tokens
+        texts = {e: {tuple(r["text_tokens"]) for r in runs[e] if r.get("ok") and "text_tokens" in r}
+                 for e in ("ours", MTP_ENGINE)}
+        result["mtp_same_tokens"] = (len(texts["ours"] | texts[MTP_ENGINE]) == 1
+                                     if texts["ours"] and texts[MTP_ENGINE] else None)
     return result
 
 

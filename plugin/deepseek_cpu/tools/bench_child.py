@@ -14,6 +14,8 @@ keeps its own defaults; both get the same n_ctx, n_batch = n_ubatch = pp and thr
   5. with --ctx-depth D > 0: clear, fill D tokens in pp-token batches            -> fill_tok_s
      then decode tg tokens at depth D                                            -> tg_depth_tok_s
   6. peak RSS (VmHWM) of the process                                             -> peak_rss_bytes
+With a text (bench --mtp), first: tg tokens generated greedily after that text by Llama.generate
+(speculative with MTP drafts for the "ours+mtp" engine, which measures only that)  -> tg_text_tok_s
 The prompt is random token ids (fixed seed), the same for every engine.
 """
 from __future__ import annotations
@@ -57,12 +59,11 @@ def child_run(spec: dict) -> dict:
     """Runs in the child process; `spec` from the parent. Returns the run's numbers."""
     import numpy as np
     engine = spec["engine"]
-    if engine == "ours":
+    if engine.startswith("ours"):
         from deepseek_cpu.runtime.llama import Llama
     else:
         from llama_cpp import Llama
     import llama_cpp as lc
-    import llama_cpp.llama_cpp as lcl
 
     pp, tg, depth = spec["pp"], spec["tg"], spec["ctx_depth"]
     kw = dict(n_ctx=spec["n_ctx"], n_batch=pp, n_ubatch=pp, n_threads=spec["threads"],
@@ -126,6 +127,10 @@ def child_run(spec: dict) -> dict:
         return times
 
     out: dict = {"load_s": load_s, "rss_after_load_bytes": rss_load}
+    if spec.get("text_only"):
+        out.update(_text_decode(llm, spec["text"], pp, tg))
+        out["peak_rss_bytes"] = _proc_status("VmHWM")
+        return {**out, **_what_ran(llm, engine)}
     # warm-up
     t = time.perf_counter()
     decode(prompt[:pp], 0)
@@ -157,9 +162,12 @@ def child_run(spec: dict) -> dict:
         times = generate(depth, tg)
         out["tg_depth_tok_s"] = tg / sum(times)
     lc.llama_batch_free(batch)
+    if spec.get("text"):  # real text, greedy (MTP drafts mean nothing on random token ids)
+        lc.llama_memory_clear(mem, True)
+        out.update(_text_decode(llm, spec["text"], pp, tg))
     out["peak_rss_bytes"] = _proc_status("VmHWM")
     out["first_token"] = first
-    if engine == "ours":  # the routing the run saw (random prompt; synth's planted skew, if any)
+    if engine.startswith("ours"):  # the routing the run saw (random prompt; synth's planted skew, if any)
         try:
             usage = llm.expert_usage()
             out["experts_top10pct_share"] = float(usage.coverage(0.1).mean())
@@ -170,15 +178,41 @@ def child_run(spec: dict) -> dict:
             from ..runtime.experts import expert_prefetch_stats
             st = expert_prefetch_stats()
             out["pregate_hit_rate"] = st["chosen_predicted"] / st["chosen"] if st["chosen"] else None
-    # what ran
+    return {**out, **_what_ran(llm, engine)}
+
+
+def _what_ran(llm, engine: str) -> dict:
+    import llama_cpp as lc
+    import llama_cpp.llama_cpp as lcl
     lib = lcl._lib
-    out["build_info"] = build_info(lib)
-    out["library"] = loaded_library_path(lib)
-    if engine == "ours":
+    out = {"build_info": build_info(lib), "library": loaded_library_path(lib)}
+    if engine.startswith("ours"):
         out["amx"] = amx_status()
     out["flash_attn_type"] = int(llm.context_params.flash_attn_type)
     out["n_ctx"] = llm.n_ctx()
     out["system_info"] = lc.llama_print_system_info().decode(errors="replace")
+    return out
+
+
+def _text_decode(llm, text: str, pp: int, tg: int) -> dict:
+    """Greedy generation of tg tokens after (at most pp tokens of) `text` through Llama.generate,
+    the path create_completion takes, where MTP drafts are verified: decode tok/s after the first
+    token, the tokens themselves (with and without MTP they must be the same) and MTP's counters."""
+    prompt = llm.tokenize(text.encode(), add_bos=True)[:pp]
+    llm.reset()
+    toks, t_first = [], None
+    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        if t_first is None:
+            t_first = time.perf_counter()
+        toks.append(int(tok))
+        if len(toks) >= tg:
+            break
+    dt = time.perf_counter() - t_first
+    out = {"tg_text_tok_s": (len(toks) - 1) / dt if dt > 0 and len(toks) > 1 else None, "text_tokens": toks,
+           "text_prompt_tokens": len(prompt)}
+    stats = getattr(llm, "mtp_stats", None)
+    if stats is not None:
+        out.update(mtp_acceptance=stats.acceptance, mtp_tokens_per_step=stats.tokens_per_step, mtp=stats.as_dict())
     return out
 
 

@@ -10,6 +10,9 @@ METRICS = {
     "pp_tok_s": ("prefill", "tok/s", True),
     "tg_tok_s": ("decode", "tok/s", True),
     "tg_depth_tok_s": ("decode at depth", "tok/s", True),
+    "tg_text_tok_s": ("decode of text", "tok/s", True),
+    "mtp_acceptance": ("MTP drafts kept", "%", True),
+    "mtp_tokens_per_step": ("tokens per decode step", "tok", True),
     "fill_tok_s": ("prefill to depth", "tok/s", True),
     "ttft_s": ("time to first token", "s", False),
     "first_prefill_s": ("first (cold) prefill", "s", False),
@@ -18,7 +21,13 @@ METRICS = {
 }
 
 
+# result keys of the ratio columns: ratios_A_over_B -> "A/B" (metric -> median A / median B)
+RATIOS = ("ratios_ours_over_stock", "ratios_ours_mtp_over_ours")
+
+
 def _fmt(m: str, v: float) -> str:
+    if m == "mtp_acceptance":
+        return f"{100 * v:.1f}"
     if m == "peak_rss_bytes":
         return f"{v / 2**30:.2f}"
     if m.endswith("_s") and not m.endswith("tok_s"):
@@ -30,14 +39,17 @@ def metric_label(m: str, settings: dict) -> str:
     label, unit, _ = METRICS[m]
     pp, tg, d = settings["pp"], settings["tg"], settings["ctx_depth"]
     label = {"pp_tok_s": f"pp{pp}", "tg_tok_s": f"tg{tg} after {pp}", "tg_depth_tok_s": f"tg{tg} at depth {d}",
-             "fill_tok_s": f"prefill 0..{d}", "ttft_s": f"TTFT ({pp}-token prompt)"}.get(m, label)
+             "fill_tok_s": f"prefill 0..{d}", "ttft_s": f"TTFT ({pp}-token prompt)",
+             "tg_text_tok_s": f"tg{tg} after text (greedy)"}.get(m, label)
     return f"{label} [{unit}]"
 
 
 def format_table(result: dict) -> str:
     engines = list(result["engines"])
     st = result["settings"]
-    rows = [["metric"] + [f"{e} median [min-max]" for e in engines] + (["ours/stock"] if "stock" in engines else [])]
+    ratios = [(k, f"{k.split('_over_')[0].removeprefix('ratios_')}/{k.split('_over_')[1]}".replace("ours_mtp", "ours+mtp"))
+              for k in RATIOS if k in result]
+    rows = [["metric"] + [f"{e} median [min-max]" for e in engines] + [name for _, name in ratios]]
     for m in METRICS:
         cells = []
         for e in engines:
@@ -46,8 +58,8 @@ def format_table(result: dict) -> str:
         if all(c == "-" for c in cells):
             continue
         row = [metric_label(m, st)] + cells
-        if "stock" in engines:
-            r = result.get("ratios_ours_over_stock", {}).get(m)
+        for k, _ in ratios:
+            r = result[k].get(m)
             row.append(f"{r:.2f}x" if r else "-")
         rows.append(row)
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -58,6 +70,10 @@ def format_table(result: dict) -> str:
     if shares:  # what the random prompt's routing looked like (uniform: 10%)
         lines.append(f"routing: the most used 10% of each layer's experts took {100 * statistics.median(shares):.1f}% "
                      "of its routings (uniform: 10%; deepseek-cpu experts shows more)")
+    same = result.get("mtp_same_tokens")
+    if same is not None:
+        lines.append("MTP: the same greedy tokens as without it" if same else
+                     "MTP: greedy tokens DIFFER from those without it (see the runs' text_tokens)")
     return "\n".join(lines)
 
 

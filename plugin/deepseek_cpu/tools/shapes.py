@@ -150,11 +150,16 @@ def converter_for(cfg: dict):
     return DeepseekConverter(cfg, where)
 
 
+# optional tensors DeepSeek's V3/V3.2 releases do ship: the MTP layer's own copies of the embedding
+# and the output head (the converter writes them when present; llama.cpp's MTP head uses them)
+SHIPPED_OPTIONAL = (".nextn.embed_tokens.weight", ".nextn.shared_head_head.weight")
+
+
 def converter_plan(cfg: dict):
     """(converter, its tensor table) for `cfg`: the tensors `deepseek-cpu convert` writes for
-    the real checkpoint (one holding exactly the tensors the config requires), in order."""
+    the real checkpoint (the tensors the config requires, and SHIPPED_OPTIONAL), in order."""
     conv = converter_for(cfg)
-    return conv, [spec for spec in conv.tensor_table() if spec.required]
+    return conv, [spec for spec in conv.tensor_table() if spec.required or spec.name.endswith(SHIPPED_OPTIONAL)]
 
 
 def is_published_precision(cfg: dict) -> bool:

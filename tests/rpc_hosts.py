@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import runner_lacks
-from deepseek_cpu.runtime import rpc
+from deepseek_cpu.runtime import rpc, rpc_auth
 
 SUBNET = "10.231"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -25,13 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float = 30, key: bytes | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker {endpoint} exited ({proc.returncode})")
         try:
-            rpc.probe(endpoint, timeout=2)
+            rpc.probe(endpoint, timeout=2, key=key)
             return
         except rpc.RpcError:
             time.sleep(0.1)
@@ -39,19 +39,24 @@ def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float = 30) -> No
 
 
 class Worker:
-    """`deepseek-cpu rpc-worker` (the supervisor) and its server process."""
+    """`deepseek-cpu rpc-worker` (the supervisor) and its server process. key_file: the worker's
+    shared key (--key-file); without one, a worker in a network namespace runs --insecure (only
+    this test reaches it)."""
 
     def __init__(self, host: str, port: int, args=(), netns: str | None = None, cgroup: Path | None = None,
-                 env: dict | None = None, log: Path | None = None):
+                 env: dict | None = None, log: Path | None = None, key_file: Path | None = None):
         self.endpoint = f"{host}:{port}"
         self.host, self.port, self.args, self.netns, self.cgroup = host, port, list(args), netns, cgroup
+        self.key_file = key_file
+        self.key = rpc_auth.read_key_file(key_file) if key_file else None
         self.env = {**os.environ, **(env or {})}
         self.log = log
         self.proc: subprocess.Popen | None = None
 
     def start(self):
         cmd = [sys.executable, "-m", "deepseek_cpu", "rpc-worker", "--host", self.host, "--port", str(self.port),
-               *self.args]
+               *self.args, *(["--key-file", str(self.key_file)] if self.key_file else
+                             [] if self.host == "127.0.0.1" else ["--insecure"])]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         group = self.cgroup
@@ -62,7 +67,7 @@ class Worker:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                      preexec_fn=join, start_new_session=True)
-        wait_ready(self.endpoint, self.proc)
+        wait_ready(self.endpoint, self.proc, key=self.key)
         return self
 
     def server_pid(self) -> int:
@@ -78,11 +83,12 @@ class Worker:
 
 
 @contextlib.contextmanager
-def loopback_workers(n: int, args=(), env=None, log_dir: Path | None = None):
+def loopback_workers(n: int, args=(), env=None, log_dir: Path | None = None, key_file: Path | None = None):
     workers = []
     try:
         for i in range(n):
-            w = Worker("127.0.0.1", free_port(), args, env=env, log=(log_dir / f"worker{i}.log") if log_dir else None)
+            w = Worker("127.0.0.1", free_port(), args, env=env, log=(log_dir / f"worker{i}.log") if log_dir else None,
+                       key_file=key_file)
             workers.append(w.start())
         yield workers
     finally:

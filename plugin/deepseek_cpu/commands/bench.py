@@ -30,6 +30,8 @@ from ..tools.bench import _parse_opts, bench, format_table, plot
 @click.option("--rpc", "rpc_servers", default=None, metavar="HOST:PORT,...",
               help="Ours split over these `deepseek-cpu rpc-worker`s (Llama(rpc_servers=...)); "
                    "benchmarks/multi_host.py runs them as separate hosts over shaped links.")
+@click.option("--rpc-key-file", default=None, metavar="PATH",
+              help="With --rpc: the workers' shared key (Llama(rpc_key_file=...); default: $DEEPSEEK_CPU_RPC_KEY_FILE).")
 @click.option("--ours-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for ours only.")
 @click.option("--stock-opt", multiple=True, metavar="KEY=VALUE", help="Extra Llama() argument for stock only.")
 @click.option("--ours-lib", type=click.Path(file_okay=False), default=None,
@@ -49,7 +51,8 @@ from ..tools.bench import _parse_opts, bench, format_table, plot
               help="With --mtp: the text to continue (default: a built-in Python snippet).")
 @click.option("--no-warm-load", is_flag=True,
               help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
-def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, rpc_servers, ours_opt,
+def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, rpc_servers,
+              rpc_key_file, ours_opt,
               stock_opt, ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
               mtp, text_file, no_warm_load):
     """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
@@ -70,7 +73,9 @@ def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_at
         res = bench(model, pp=pp, tg=tg, threads=threads, repeat=repeat, ctx_depth=ctx_depth,
                     compare_stock=compare_stock, opts=common,
                     ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}),
-                               **({"rpc_servers": rpc_servers} if rpc_servers else {}), **_parse_opts(ours_opt)},
+                               **({"rpc_servers": rpc_servers} if rpc_servers else {}),
+                               **({"rpc_key_file": str(Path(rpc_key_file).resolve())} if rpc_key_file else {}),
+                               **_parse_opts(ours_opt)},
                     stock_opts=_parse_opts(stock_opt), ours_lib=ours_lib, stock_lib=stock_lib, seed=seed,
                     timeout=timeout, warm_cache=not no_warm_cache, warm_load=not no_warm_load, mtp=mtp,
                     text=Path(text_file).read_text(encoding="utf-8", errors="replace") if text_file else None,

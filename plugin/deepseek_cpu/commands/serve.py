@@ -36,6 +36,8 @@ def say(message: str) -> None:
               help="Split the layers over these `deepseek-cpu rpc-worker`s, by the memory each offers.")
 @click.option("--rpc-local", default=None, metavar="SIZE",
               help="With --rpc: memory this host gives to layers (default: none but the embeddings).")
+@click.option("--rpc-key-file", default=None, metavar="PATH",
+              help="With --rpc: the workers' shared key (their --key-file; default: $DEEPSEEK_CPU_RPC_KEY_FILE).")
 @click.option("--api-key", default=None, metavar="KEY",
               help=f"Require this API key (comma-separated: several), as `Authorization: Bearer KEY`. "
                    f"Prefer --api-key-file or ${serve.ENV_API_KEY}: other users can read a command line.")
@@ -50,7 +52,7 @@ def say(message: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-              rpc_servers, rpc_local, api_key, api_key_file, insecure, no_webui, mtp, dry_run, extra):
+              rpc_servers, rpc_local, rpc_key_file, api_key, api_key_file, insecure, no_webui, mtp, dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     On an address other machines can reach, an API key is required (or --insecure), and no other
@@ -69,6 +71,8 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
         threads = threads or default_threads(cpu_set)
     if rpc_servers and mem_budget:
         raise click.UsageError("--rpc and --mem-budget cannot be combined (the workers hold the layers in memory)")
+    if rpc_key_file and not rpc_servers:
+        raise click.UsageError("--rpc-key-file goes with --rpc")
     try:
         header = read(model)  # once: the context, the budget and the split are all sized from it
     except (OSError, ValueError):
@@ -79,7 +83,7 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
         from ..runtime import rpc_serve
         ctx_per_slot = ctx_per_slot or serve.rpc_ctx_per_slot(model, header)
         workers, rpc_args, rpc_env = rpc_serve.server_args(model, rpc_servers, rpc_local, ctx_per_slot * parallel,
-                                                           header, say)
+                                                           header, say, rpc_key_file)
         extra = (*rpc_args, *extra)
         env.update(rpc_env)
     if mtp and header is not None:

@@ -120,7 +120,8 @@ class Llama(llama_cpp.Llama):
         return self._mtp.stats if self._mtp is not None else None
 
     def _init(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
-              rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None, **kwargs):
+              rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None,
+              rpc_key: str | bytes | None = None, rpc_key_file: str | os.PathLike | None = None, **kwargs):
         """mem_budget: run within this much memory ("4G"): the routed experts are used from the
         file mapping instead of being copied, what every token reads is copied as usual, and a
         prefetch policy (`prefetch`, default "popular") reads the popular experts ahead
@@ -130,7 +131,11 @@ class Llama(llama_cpp.Llama):
         rpc_servers: "host:port,..." of `deepseek-cpu rpc-worker`s: the layers are split over
         them by the memory each offers (rpc_local: how much this process takes, default none
         but the embeddings), printed, and computed there (runtime/rpc.py). A worker lost while
-        the model runs raises RpcWorkerLost within DEEPSEEK_CPU_RPC_TIMEOUT seconds."""
+        the model runs raises RpcWorkerLost within DEEPSEEK_CPU_RPC_TIMEOUT seconds. rpc_key (or
+        rpc_key_file, a file only you may read): the workers' shared key (`rpc-worker --key-file`),
+        proved to them and by them before anything is sent; default: DEEPSEEK_CPU_RPC_KEY_FILE's."""
+        if rpc_servers is None and (rpc_key is not None or rpc_key_file is not None):
+            raise ValueError("rpc_key and rpc_key_file go with rpc_servers")
         if rpc_servers is not None:
             if mem_budget is not None:
                 from .rpc import RpcError
@@ -141,7 +146,8 @@ class Llama(llama_cpp.Llama):
             if not args:
                 kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}, header),
                           **kwargs}
-            load = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True), header)
+            load = rpc.prepare(model_path, rpc_servers, rpc_local, kwargs, kwargs.get("verbose", True), header,
+                               rpc_key, rpc_key_file)
             self.rpc_split = load.split
             self._rpc_losses = rpc.losses()[0]
             self._rpc_load = load  # holds the device and override arrays the model's params point to

@@ -9,7 +9,7 @@ a reconnect sends hashes, not weights.
 This module is the client's side of a load: the workers' devices attached in this process, the
 model's layers placed by the split, and the patched backend's record of lost workers read back
 (patches/rpc/, ggml-rpc/dsc-rpc.h). Probing workers is rpc_wire.py's, planning the split
-rpc_split.py's; their names are importable from here too.
+rpc_split.py's, the shared key rpc_auth.py's; their names are importable from here too.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
+from . import rpc_auth
 from .rpc_split import (COMPUTE_RESERVE_FRACTION, COMPUTE_RESERVE_MIN, OUTPUT_PATTERN, Share, Split,  # noqa: F401
                         plan_split, unit_sizes, usable)
 from .rpc_wire import (CMD_DEVICE_COUNT, CMD_GET_DEVICE_MEMORY, CMD_HELLO, CONN_CAPS_SIZE, DEFAULT_PORT,  # noqa: F401
@@ -52,6 +53,7 @@ def attach(endpoints: list[str]) -> list[int]:
     rpc = ggml.ggml_backend_reg_by_name(b"RPC")
     if not rpc:
         raise RpcError("this build of the engine has no RPC backend (rebuild deepseek-cpu)")
+    rpc_auth.engine_keys(_lib("libggml-rpc.so"), endpoints)  # before any connection of the engine's
     add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
         ggml.ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server"))
     devices = []
@@ -107,12 +109,15 @@ class RpcLoad:
     _arrays: tuple
 
 
-def prepare(model: str, rpc_servers, rpc_local, kwargs: dict, verbose: bool = True, header=None) -> RpcLoad:
-    """For Llama(..., rpc_servers=...): sets kwargs' layer counts from the split over the workers."""
+def prepare(model: str, rpc_servers, rpc_local, kwargs: dict, verbose: bool = True, header=None,
+            rpc_key: str | bytes | None = None, rpc_key_file=None) -> RpcLoad:
+    """For Llama(..., rpc_servers=...): sets kwargs' layer counts from the split over the workers.
+    rpc_key / rpc_key_file: the workers' shared key (rpc_auth.py); neither: DEEPSEEK_CPU_RPC_KEY_FILE's."""
     import sys
     from . import model_params
     from .resources import parse_size
     endpoints = parse_endpoints(rpc_servers)
+    rpc_auth.use(endpoints, rpc_auth.resolve(rpc_key, rpc_key_file))
     kwargs.setdefault("n_ctx", DEFAULT_CTX)
     for arg in ("n_gpu_layers", "tensor_split"):
         if arg in kwargs:

@@ -23,16 +23,24 @@ log = logging.getLogger(__name__)
 
 
 def server_args(model: str, spec: str, local: str | None, n_ctx: int, header=None,
-                say=log.info) -> tuple[list[str], list[str], dict[str, str]]:
-    """(endpoints, llama-server flags, its environment) for a split over the workers in spec."""
+                say=log.info, key_file=None) -> tuple[list[str], list[str], dict[str, str]]:
+    """(endpoints, llama-server flags, its environment) for a split over the workers in spec.
+    key_file: the workers' shared key, proved by our probes and, through DEEPSEEK_CPU_RPC_KEY_FILE
+    (the path only), by llama-server's connections."""
+    import os
+    from . import rpc_auth
     from .resources import parse_size
     endpoints = rpc.parse_endpoints(spec)
+    rpc_auth.use(endpoints, rpc_auth.resolve(key_file=key_file))  # first: a bad key file is reported at once
+    env = {"DEEPSEEK_CPU_RPC_LOST_EXIT": str(LOST_EXIT)}
+    if key_file:
+        env[rpc_auth.ENV_KEY_FILE] = os.path.abspath(key_file)
     split = rpc.plan_for(model, endpoints, parse_size(local, "--rpc-local") if local else 0, n_ctx, header)
     say(f"split over {len(endpoints)} worker(s): {split.describe()}")
     args = ["--rpc", ",".join(endpoints), "-ngl", str(split.n_gpu_layers),
             "--tensor-split", ",".join(f"{x:g}" for x in split.tensor_split),
             "--override-tensor", f"{rpc.OUTPUT_PATTERN}=CPU"]
-    return endpoints, args, {"DEEPSEEK_CPU_RPC_LOST_EXIT": str(LOST_EXIT)}
+    return endpoints, args, env
 
 
 class _Unavailable(BaseHTTPRequestHandler):

@@ -83,16 +83,31 @@ def _call(sock: socket.socket, cmd: int, payload: bytes, reply_size: int) -> byt
     return _recv_exact(sock, size)
 
 
-def probe(endpoint: str, timeout: float | None = None) -> Worker:
+_REGISTERED = object()
+
+
+def probe(endpoint: str, timeout: float | None = None, key=_REGISTERED) -> Worker:
     """Handshake with a worker and ask for its memory; RpcError (never a hang) if it does not answer.
 
     A worker serves one client at a time: while another client holds it, the connection is
-    accepted by the kernel but nothing answers, which is reported as busy."""
+    accepted by the kernel but nothing answers, which is reported as busy. `key`: the shared key
+    to prove (rpc_auth.py), None for none; by default the one given for this endpoint, else
+    DEEPSEEK_CPU_RPC_KEY_FILE's."""
+    from . import rpc_auth
     timeout = timeout or timeout_s()
+    key = rpc_auth.key_for(endpoint) if key is _REGISTERED else key
     host, port = endpoint.rsplit(":", 1)
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            hello = _call(s, CMD_HELLO, bytes(CONN_CAPS_SIZE), 4 + CONN_CAPS_SIZE)
+            if key:
+                rpc_auth.handshake(s, key, endpoint)
+            s.sendall(struct.pack("<BQ", CMD_HELLO, CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE))
+            (size,) = struct.unpack("<Q", _recv_exact(s, 8))
+            if size == len(rpc_auth.MAGIC_NEED_KEY) and _recv_exact(s, size) == rpc_auth.MAGIC_NEED_KEY:
+                raise RpcError(rpc_auth.need_key_message(endpoint))
+            if size != 4 + CONN_CAPS_SIZE:
+                raise ConnectionError(f"unexpected reply size {size} to command {CMD_HELLO}")
+            hello = _recv_exact(s, size)
             major, minor, patch = hello[0], hello[1], hello[2]
             if major != PROTO_MAJOR:
                 raise RpcError(f"worker {endpoint} speaks RPC protocol {major}.{minor}.{patch}, "

@@ -2,8 +2,9 @@
 
 Runs llama.cpp's RPC server (ggml-rpc-server, built from our patched tree, so it computes with
 our kernels) under a supervisor that restarts it if it ever dies, e.g. on a request that makes
-ggml abort: a crash costs the connected client its session, never the worker. The protocol has
-no authentication, so it binds to loopback unless --host says otherwise (docs/multi-host.md).
+ggml abort: a crash costs the connected client its session, never the worker. With a key
+(--key-file, DEEPSEEK_CPU_RPC_KEY_FILE) it serves only clients that prove it (rpc_auth.py); without
+one it listens on loopback only, unless told --insecure (docs/multi-host.md).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from ..errors import DeepseekCpuError
 from .processes import die_with_parent
+from .rpc_auth import ENV_KEY_FILE
 
 RESTART_DELAY_S = (0.2, 5.0)   # first and longest wait before a restart
 QUICK_EXIT_S = 2.0             # a server that exits this soon after starting, twice, is not restarted
@@ -41,10 +43,12 @@ def default_cache_dir() -> Path:
     return cache_root() / "rpc"
 
 
-def build(host: str, port: int, threads: int, mem: int, cache: Path | None) -> tuple[list[str], dict[str, str]]:
-    """The server's command line and environment."""
+def build(host: str, port: int, threads: int, mem: int, cache: Path | None,
+          key_file: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and environment. key_file: the shared key's file (checked by the
+    caller), which the server reads itself; None: the server gets no key, even from our environment."""
     cmd = [str(worker_binary()), "-H", host, "-p", str(port), "-t", str(threads)]
-    env = {"DEEPSEEK_CPU_RPC_MEM": str(mem)}
+    env = {"DEEPSEEK_CPU_RPC_MEM": str(mem), ENV_KEY_FILE: str(Path(key_file).resolve()) if key_file else ""}
     if cache is not None:
         # the server keeps its entries in $LLAMA_CACHE/rpc: prepare_cache points that name at `cache`
         env["LLAMA_CACHE"] = str(cache / ".llama-cache")

@@ -47,7 +47,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import subprocess
 import time
 import urllib.error
@@ -55,6 +54,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import DeepseekCpuError
+from .private_file import read_private_file
 from .processes import die_with_parent
 
 DEFAULT_PARALLEL = 4
@@ -107,21 +107,7 @@ def read_api_key_file(path: str | os.PathLike) -> list[str]:
     around a key (a CRLF file's \\r) dropped. Refused, as ssh refuses a private key, when the
     file is a regular one that its group or others may access (llama-server's own --api-key-file
     reads whatever it is given)."""
-    try:
-        st = os.stat(path)
-        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
-            raise ServeRefused(f"API key file {path} is accessible by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                               f"it must be private: chmod 600 {path}")
-        with open(path, "rb") as f:
-            data = f.read(MAX_KEYS_BYTES + 1)
-    except FileNotFoundError:
-        raise ServeRefused(f"API key file {path} not found") from None
-    except IsADirectoryError:
-        raise ServeRefused(f"API key file {path} is a directory") from None
-    except OSError as e:
-        raise ServeRefused(f"cannot read API key file {path}: {e.strerror or e}") from None
-    if len(data) > MAX_KEYS_BYTES:
-        raise ServeRefused(f"API key file {path} is larger than {MAX_KEYS_BYTES} bytes; is it the right file?")
+    data = read_private_file(path, "API key file", ServeRefused, MAX_KEYS_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

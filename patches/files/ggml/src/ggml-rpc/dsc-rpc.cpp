@@ -1,7 +1,8 @@
 // deepseek-cpu: the RPC backend's timeouts, lost-worker state, worker memory limit, weight cache
-// and request checks (dsc-rpc.h says why each exists).
+// and request checks (dsc-rpc.h says why each exists). The key handshake is dsc-rpc-auth.cpp.
 
 #include "dsc-rpc.h"
+#include "transport.h"
 
 #include "ggml-backend-impl.h"
 #include "ggml-impl.h"
@@ -243,6 +244,26 @@ void dsc_rpc_cache_write(const char * dir, uint64_t hash, const void * data, siz
 
 // ---- worker: request checks ----
 
+bool dsc_rpc_recv_body(socket_t & sock, std::vector<uint8_t> & input, uint64_t size) {
+    const size_t step = 4u << 20;  // zero-filled ahead of the bytes: what an announced size costs at most
+    input.clear();
+    try {
+        input.reserve((size_t) size);  // address space only: pages are touched as bytes arrive
+    } catch (const std::exception &) {
+        GGML_LOG_ERROR("deepseek-cpu: refused a message of %" PRIu64 " bytes (no memory for it)\n", size);
+        return false;
+    }
+    while (input.size() < size) {
+        const size_t have = input.size();
+        const size_t n = (size_t) (size - have) < step ? (size_t) (size - have) : step;
+        input.resize(have + n);
+        if (!sock.recv_data(input.data() + have, n)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool dsc_rpc_node_ok(const ggml_tensor * node) {
     if (node->op < 0 || node->op >= GGML_OP_COUNT) {
         return false;
@@ -257,6 +278,40 @@ bool dsc_rpc_node_ok(const ggml_tensor * node) {
         if (node->src[i] && node->src[i]->data == nullptr && ggml_nelements(node->src[i]) > 0) {
             return false;
         }
+    }
+    return true;
+}
+
+bool dsc_rpc_shape_ok(const uint32_t * ne, const uint32_t * nb) {
+    // the element count must fit int64_t (ggml_new_tensor asserts it) and the extent in bytes must
+    // not wrap around (ggml_nbytes would, and the buffer check after it would pass a huge tensor)
+    uint64_t n = 1;
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        const uint64_t extent = ne[i] ? (uint64_t) (ne[i] - 1) * nb[i] : 0;
+        if ((ne[i] > 1 && n >= (uint64_t) INT64_MAX / ne[i]) || extent > (1ull << 60)) {
+            GGML_LOG_ERROR("deepseek-cpu: refused a tensor of %u x %u x %u x %u elements, strides %u %u %u %u\n",
+                           ne[0], ne[1], ne[2], ne[3], nb[0], nb[1], nb[2], nb[3]);
+            return false;
+        }
+        n *= ne[i] ? ne[i] : 1;
+    }
+    return true;
+}
+
+bool dsc_rpc_region_ok(const ggml_tensor * t, uint64_t offset, uint64_t size) {
+    const uint64_t n = ggml_nbytes(t);
+    if (offset > n || size > n - offset) {
+        GGML_LOG_ERROR("deepseek-cpu: refused a region (offset %" PRIu64 ", %" PRIu64 " bytes) outside its tensor (%" PRIu64 " bytes)\n",
+                       offset, size, n);
+        return false;
+    }
+    return true;
+}
+
+bool dsc_rpc_copy_ok(const ggml_tensor * src, const ggml_tensor * dst) {
+    if (!ggml_are_same_layout(src, dst)) {
+        GGML_LOG_ERROR("deepseek-cpu: refused a copy between tensors of different layouts\n");
+        return false;
     }
     return true;
 }

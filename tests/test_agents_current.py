@@ -174,9 +174,6 @@ def _wire(messages):
 @pytest.mark.parametrize("case", list(CORPUS))
 def test_prompt_equals_the_template_rendered_as_transformers_does(served, case, thinking):
     messages, tools = CORPUS[case]
-    if served.tag == "v4" and thinking and case == "multi-turn":
-        pytest.xfail("llama-server keeps earlier turns' thoughts by default (--reasoning-preserve), V4's template "
-                     "drops them (drop_thinking): <think></think> instead of </think> before an earlier answer")
     body = {"messages": _wire(messages), **_thinking(thinking)}
     if tools:
         body["tools"] = tools

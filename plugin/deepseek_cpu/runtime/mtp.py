@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import DeepseekCpuError
+
 MAX_DRAFT = 3  # one trained head; chained further its drafts are rarely kept
 # architectures whose llama.cpp graph has an MTP head the pinned engine can run
 MTP_ARCHS = ("deepseek2", "deepseek32", "deepseek4")
 
 
-class MtpUnavailable(ValueError):
+class MtpUnavailable(DeepseekCpuError, ValueError):
     """The model cannot draft with MTP (no MTP block, or an architecture without the head)."""
 
 

@@ -19,6 +19,8 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
                           choose gets the model's default; llama-server would pass
                           enable_thinking=true. A request still chooses per call with
                           chat_template_kwargs {"thinking": true} or {"enable_thinking": true}
+  --no-reasoning-preserve for a template that drops earlier turns' thoughts (V4's drop_thinking),
+                          so that a multi-turn prompt is the one DeepSeek's encoder renders
   -t/-tb                  physical cores of this process (affinity, cgroup quota)
   -fa off                 as deepseek_cpu.Llama: CPU flash attention costs accuracy
   --webui --path DIR      our chat page (data/chat/index.html) at /, served by llama-server itself
@@ -195,6 +197,7 @@ def rpc_ctx_per_slot(model: str, header=None) -> int:
 
 # llama-server flags that choose the template or the thinking default themselves
 _THINKING_FLAGS = ("--reasoning", "-rea", "--chat-template", "--chat-template-file", "--chat-template-kwargs")
+_PRESERVE_FLAGS = ("--reasoning-preserve", "--no-reasoning-preserve")
 
 
 def template_thinks_by_default(template: str | None) -> bool | None:
@@ -254,9 +257,14 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
         cmd += ["--api-key-file", API_KEY_PIPE]
     if not is_loopback(host) and not _given(("--cors-origins",), extra, ("LLAMA_ARG_CORS_ORIGINS",), os.environ):
         cmd += ["--cors-origins", "localhost"]
-    if header is not None and not any(a.split("=", 1)[0] in _THINKING_FLAGS for a in extra):
-        if template_thinks_by_default(header.get("tokenizer.chat_template")) is False:
+    template = header.get("tokenizer.chat_template") if header is not None else None
+    if template and not any(a.split("=", 1)[0] in _THINKING_FLAGS for a in extra):
+        if template_thinks_by_default(template) is False:
             cmd += ["--reasoning", "off"]
+    # DeepSeek-V4's templates drop earlier turns' thoughts (drop_thinking, as DeepSeek's encoder
+    # does); llama-server would keep them unless told not to (its reasoning-preserve default)
+    if template and "drop_thinking" in template and not any(a in _PRESERVE_FLAGS for a in extra):
+        cmd += ["--no-reasoning-preserve"]
     return cmd + list(extra)
 
 

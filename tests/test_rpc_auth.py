@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from deepseek_cpu.runtime import rpc, rpc_auth
+from deepseek_cpu.runtime.rpc_socket import recv_exact as _recv_exact
 from rpc_hosts import loopback_workers, wait_ready
 from test_rpc import _logits
 
@@ -435,16 +436,6 @@ def _readdress(cmd: int, body: bytes, moved: list[tuple[int, int, int]]) -> byte
         if (new != words).any():
             out[shift:shift + 8 * m] = new.view(np.uint8)
     return out.tobytes()
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return bytes(buf)
 
 
 def _live_prefix(s: socket.socket, session: Session, upto: int) -> list[tuple[int, int, int]]:

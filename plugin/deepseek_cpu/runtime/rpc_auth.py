@@ -23,7 +23,7 @@ import socket
 import struct
 
 from .private_file import read_private_file
-from .rpc_wire import RpcError, _recv_exact
+from .rpc_socket import RpcError, recv_exact as _recv_exact
 
 ENV_KEY_FILE = "DEEPSEEK_CPU_RPC_KEY_FILE"
 CMD_AUTH = 0xD5           # DSC_RPC_CMD_AUTH: outside llama.cpp's command numbers

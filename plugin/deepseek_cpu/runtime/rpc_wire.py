@@ -10,7 +10,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ..errors import DeepseekCpuError
+from .rpc_socket import RpcError, recv_exact as _recv_exact  # noqa: F401  (RpcError: importable from here too)
 
 DEFAULT_PORT = 50052
 ENV_TIMEOUT = "DEEPSEEK_CPU_RPC_TIMEOUT"  # seconds; read by the patched backend too (dsc-rpc.cpp)
@@ -22,10 +22,6 @@ CMD_GET_DEVICE_MEMORY = 11
 CMD_HELLO = 14
 CMD_DEVICE_COUNT = 15
 CONN_CAPS_SIZE = 24
-
-
-class RpcError(DeepseekCpuError):
-    """A worker could not be used: unparsable endpoint, unreachable, busy, another version."""
 
 
 class RpcWorkerLost(RpcError):
@@ -63,16 +59,6 @@ class Worker:
     devices: int
     free: int
     total: int
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed by the worker")
-        buf += chunk
-    return bytes(buf)
 
 
 def _call(sock: socket.socket, cmd: int, payload: bytes, reply_size: int) -> bytes:

@@ -573,7 +573,16 @@ def test_fuzzing_a_keyless_worker_neither_crashes_nor_hangs_it(f32_model, refere
                     try:
                         moved = _live_prefix(s, session, upto)
                     except OSError as e:
-                        pytest.fail(f"the worker failed a session it served before, at request {upto}: {e}")
+                        # the last connection's graph may end the server just after this one was
+                        # accepted (its kernel assert comes as that connection closes): a reset
+                        # then, not a failure of the session
+                        deadline = time.monotonic() + HANG_GUARD
+                        while not _exited(pid) and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        if not _exited(pid):
+                            pytest.fail(f"the worker failed a session it served before, at request {upto}: {e}")
+                        pid = restarted(pid)
+                        continue
                     deep += 1
                     replayed += upto
                     window = session.requests[upto:upto + rnd.randint(1, 6)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fixture_paths import FIXTURES, REPO, checkpoint_names, fixture_dir  # noqa: F401 (re-exported)
+from fixture_paths import FIXTURES, REPO, cached_sdist, checkpoint_names, fixture_dir  # noqa: F401 (re-exported)
 
 # a fixture's files: fixture_dir(name), never FIXTURES / name (v2_group is package data)
 # the V2 / V3 / V3.2 fixtures (converters/deepseek.py); DeepSeek-V4's have their own tests (test_deepseek_v4.py)
@@ -41,19 +41,6 @@ def run_python(code: str, env_extra: dict | None = None, unset=(), timeout=120) 
         env.pop(k, None)
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def cached_sdist() -> tuple[Path, dict] | None:
-    """(the pinned llama-cpp-python sdist vendor/prepare.py cached, its [sdist] pin), or None."""
-    import tomllib
-    pin = tomllib.loads((REPO / "vendor" / "pin.toml").read_text())["sdist"]
-    sys.path.insert(0, str(REPO / "vendor"))
-    try:
-        import prepare
-        tarball = prepare.cache_dir() / pin["filename"]
-    finally:
-        sys.path.pop(0)
-    return (tarball, pin) if tarball.exists() else None
 
 
 def llama_cpp_source_dir() -> Path | None:

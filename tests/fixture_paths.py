@@ -8,6 +8,7 @@ import conftest) import this module directly.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,3 +26,16 @@ def checkpoint_names() -> list[str]:
     """Every fixture checkpoint: the directories holding transformers' reference.npz."""
     names = {p.name for p in FIXTURES.iterdir() if p.is_dir()} if FIXTURES.is_dir() else set()
     return sorted(n for n in names | set(PACKAGE_DATA) if (fixture_dir(n) / "reference.npz").exists())
+
+
+def cached_sdist() -> tuple[Path, dict] | None:
+    """(the pinned llama-cpp-python sdist vendor/prepare.py cached, its [sdist] pin), or None."""
+    import tomllib
+    pin = tomllib.loads((REPO / "vendor" / "pin.toml").read_text())["sdist"]
+    sys.path.insert(0, str(REPO / "vendor"))
+    try:
+        import prepare
+        tarball = prepare.cache_dir() / pin["filename"]
+    finally:
+        sys.path.pop(0)
+    return (tarball, pin) if tarball.exists() else None

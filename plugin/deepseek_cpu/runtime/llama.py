@@ -105,12 +105,13 @@ class Llama(llama_cpp.Llama):
         with model_params.with_mtp(), model_params.rollback_snapshots(n_draft):
             self._init(model_path, *args, **kwargs)
         from ..gguf_header import read
-        reason = mtp_mod.unavailable_reason(read(model_path))
+        header = read(model_path)
+        reason = mtp_mod.unavailable_reason(header)
         if reason:
             mtp_mod.warn(reason)
             return
         from .mtp_draft import MtpDraft
-        self._mtp = MtpDraft(self, n_draft)
+        self._mtp = MtpDraft(self, n_draft, header)
         self.draft_model = self._mtp
         self._stack.callback(self._mtp.close)  # before the model is freed (the stack is LIFO)
 

@@ -45,9 +45,12 @@ class MtpDraft(LlamaDraftModel):
     `llm` must have been loaded with the MTP layer (model params load_mtp) and evaluate through
     deepseek_cpu.Llama, whose eval() reports each main batch here (target_batch)."""
 
-    def __init__(self, llm, n_draft: int = 1):
-        from ..gguf_header import read
-        reason = unavailable_reason(read(llm.model_path))
+    def __init__(self, llm, n_draft: int = 1, header=None):
+        """header: the model's GGUF header (gguf_header.read), if the caller has read it already."""
+        if header is None:
+            from ..gguf_header import read
+            header = read(llm.model_path)
+        reason = unavailable_reason(header)
         if reason:
             raise MtpUnavailable(reason)
         self.llm = llm

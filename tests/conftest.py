@@ -132,7 +132,7 @@ def kernel_coverage() -> str:
         else:
             compiled_only.append(level)
     return (f"kernel paths on {model}: ran {', '.join(ran) or 'none'}; "
-            f"syntax-checked only (tests/test_kernel_isa.py): {', '.join(compiled_only) or 'none'}")
+            f"compiled only (tests/test_kernel_isa.py): {', '.join(compiled_only) or 'none'}")
 
 
 # Under CI (CI=true) a skip is a failure unless its reason says why it can never run there:
@@ -142,7 +142,7 @@ def kernel_coverage() -> str:
 CI_SKIP_REASONS = ("not applicable:", "CPU lacks")
 
 # What a runner may lack that real-environment tests need (the multi-host tests' network
-# namespaces, the real memory limits' cgroups, AMX tiles the kernel must hand out). A test that
+# namespaces, the real memory limits' cgroups (v1 and v2), AMX tiles the kernel must hand out). A test that
 # cannot run for want of one calls runner_lacks(); under CI that skip is a failure unless the
 # runner declares the lack: DEEPSEEK_CPU_RUNNER_LACKS=root,netns (comma-separated). Otherwise a
 # runner without root would drop every multi-host and memory-limit test and stay green.
@@ -150,6 +150,7 @@ RUNNER_CAPABILITIES = {
     "root": "root (uid 0): network namespaces, memory cgroups",
     "netns": "network namespaces and iproute2 (`ip netns add`)",
     "cgroup1": "the cgroup v1 memory controller at /sys/fs/cgroup/memory",
+    "cgroup2": "a cgroup v2 hierarchy with the memory controller (memory.max); where v1 holds it, v2 offers none",
     "amx": "AMX tiles on a CPU that has them (kernel tile state, DEEPSEEK_CPU_AMX not 0)",
 }
 RUNNER_LACKS_ENV = "DEEPSEEK_CPU_RUNNER_LACKS"

@@ -92,6 +92,11 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
         if reason:
             say(f"MTP off: {reason}")
             mtp = 0
+    if header is not None:
+        # what llama-server would abort on (a non-F32 norm, MTP layers out of step with their key), as one
+        # line before it starts: Llama() makes the same check (runtime/model_check.py)
+        from ..runtime.model_check import check
+        check(header, mtp=bool(mtp))
     cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header,
                               api_key=bool(keys), webui=not no_webui, mtp=mtp)
     if dry_run:

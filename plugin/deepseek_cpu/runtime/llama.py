@@ -56,6 +56,20 @@ def cpu_defaults(model_path: str, given: dict, header=None) -> dict:
     return out
 
 
+def _checked_header(model_path, mtp: bool):
+    """The file's GGUF header, checked for what the engine would abort on (runtime/model_check.py:
+    a MalformedModel naming the tensor or key); None when this reader cannot read it, so that the
+    engine's loader, which reads it anyway, gives its own error as it always has."""
+    from ..gguf_header import read
+    from .model_check import check
+    try:
+        header = read(model_path)
+    except (OSError, ValueError):
+        return None
+    check(header, mtp)
+    return header
+
+
 # --- context limit --------------------------------------------------------------------------
 _COMPLETION_SIG = inspect.signature(llama_cpp.Llama.create_completion)
 
@@ -96,16 +110,20 @@ class Llama(llama_cpp.Llama):
         from . import mtp as mtp_mod
         n_draft = mtp_mod.parse_draft(mtp)
         self._mtp = None
-        if not n_draft:
-            self._init(model_path, *args, **kwargs)
-            return
-        if kwargs.get("draft_model") is not None:
+        if n_draft and kwargs.get("draft_model") is not None:
             raise ValueError("mtp and draft_model are two draft models: pass one")
+        # one reading of the header for everything below (a real model's has a 100k-token
+        # vocabulary to walk), checked first: the engine aborts on some malformed files
+        header = _checked_header(model_path, bool(n_draft))
+        if not n_draft:
+            self._init(model_path, *args, _header=header, **kwargs)
+            return
         from . import model_params
         with model_params.with_mtp(), model_params.rollback_snapshots(n_draft):
-            self._init(model_path, *args, **kwargs)
-        from ..gguf_header import read
-        header = read(model_path)
+            self._init(model_path, *args, _header=header, **kwargs)
+        if header is None:  # unreadable here, yet the engine loaded it: read as before, errors and all
+            from ..gguf_header import read
+            header = read(model_path)
         reason = mtp_mod.unavailable_reason(header)
         if reason:
             mtp_mod.warn(reason)
@@ -122,7 +140,8 @@ class Llama(llama_cpp.Llama):
 
     def _init(self, model_path: str, *args, mem_budget: str | int | None = None, prefetch: str | None = None,
               rpc_servers: str | list[str] | None = None, rpc_local: str | int | None = None,
-              rpc_key: str | bytes | None = None, rpc_key_file: str | os.PathLike | None = None, **kwargs):
+              rpc_key: str | bytes | None = None, rpc_key_file: str | os.PathLike | None = None, _header=None,
+              **kwargs):
         """mem_budget: run within this much memory ("4G"): the routed experts are used from the
         file mapping instead of being copied, what every token reads is copied as usual, and a
         prefetch policy (`prefetch`, default "popular") reads the popular experts ahead
@@ -135,6 +154,7 @@ class Llama(llama_cpp.Llama):
         the model runs raises RpcWorkerLost within DEEPSEEK_CPU_RPC_TIMEOUT seconds. rpc_key (or
         rpc_key_file, a file only you may read): the workers' shared key (`rpc-worker --key-file`),
         proved to them and by them before anything is sent; default: DEEPSEEK_CPU_RPC_KEY_FILE's."""
+        # _header: the file's GGUF header as __init__ read and checked it (None if unreadable)
         if rpc_servers is None and (rpc_key is not None or rpc_key_file is not None):
             raise ValueError("rpc_key and rpc_key_file go with rpc_servers")
         if rpc_servers is not None:
@@ -143,7 +163,7 @@ class Llama(llama_cpp.Llama):
                 raise RpcError("rpc_servers and mem_budget cannot be combined (the workers hold the layers in memory)")
             from . import rpc
             from ..gguf_header import read
-            header = read(model_path)  # once, for everything below
+            header = _header or read(model_path)  # once, for everything below
             if not args:
                 kwargs = {**cpu_defaults(model_path, {**kwargs, "n_ctx": kwargs.get("n_ctx", rpc.DEFAULT_CTX)}, header),
                           **kwargs}
@@ -155,13 +175,13 @@ class Llama(llama_cpp.Llama):
             with load.params:
                 super().__init__(model_path, *args, **kwargs)
             return
-        budget = header = None
+        budget, header = None, _header
         if mem_budget is not None:
             size = memory_budget.parse_size(mem_budget)
             if kwargs.get("use_mmap") is False:
                 raise memory_budget.MemoryBudgetError("mem_budget runs the weights from the file mapping: "
                                                       "it cannot be combined with use_mmap=False")
-            header = memory_budget.read_header(model_path)  # once, for everything below
+            header = header or memory_budget.read_header(model_path)  # once, for everything below
             shape = read_shape(model_path, header)
             if "n_ctx" not in kwargs and not args:
                 hot, _ = memory_budget.tensor_bytes(model_path, header)
@@ -245,8 +265,9 @@ class Llama(llama_cpp.Llama):
         if verbose:
             import sys
             a = self.memory_applied
-            print(f"deepseek-cpu: {budget.describe()}; prefetch {name}: locked {a.locked / 2**30:.2f} GiB, "
-                  f"read ahead {a.warmed / 2**30:.2f} GiB", file=sys.stderr)
+            size = memory_budget.format_size
+            print(f"deepseek-cpu: {budget.describe()}; prefetch {name}: locked {size(a.locked)}, "
+                  f"read ahead {size(a.warmed)}", file=sys.stderr)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
 

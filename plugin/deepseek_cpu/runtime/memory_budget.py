@@ -45,8 +45,16 @@ def parse_size(text: str | int) -> int:
     return resources.parse_size(text, "memory budget", MemoryBudgetError)
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def format_size(n: int | float) -> str:
+    """Bytes in the largest binary unit that keeps them above 1 (GiB, MiB, KiB), for messages: a
+    tiny model's 3 MiB must not read "0.00 GiB" (the one size formatter of the runtime's messages)."""
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{int(n)} bytes"
+
+
+gib = format_size  # its former name, still imported (commands/rpc_worker.py)
 
 
 @dataclass
@@ -68,8 +76,9 @@ class BudgetPlan:
 
     def describe(self) -> str:
         share = min(1.0, self.expert_cache / self.expert_weights) if self.expert_weights else 1.0
-        return (f"memory budget {gib(self.budget)}: always-hot {gib(self.hot)} (weights {gib(self.hot_weights)}, "
-                f"KV cache {gib(self.kv_cache)}), routed experts {gib(self.expert_weights)}, "
+        size = format_size
+        return (f"memory budget {size(self.budget)}: always-hot {size(self.hot)} (weights {size(self.hot_weights)}, "
+                f"KV cache {size(self.kv_cache)}), routed experts {size(self.expert_weights)}, "
                 f"{share:.0%} of them fit the page cache")
 
 
@@ -101,10 +110,11 @@ def plan(model_path: str | Path, budget: int, kv_cache: int, header=None) -> Bud
     k = h.get(gguf.Keys.LLM.EXPERT_USED_COUNT.format(arch=h.arch), 0)
     p = BudgetPlan(budget, hot, experts, kv_cache, int(k) if isinstance(k, int) else 0)
     if p.hot > budget:
+        size = format_size
         raise MemoryBudgetError(
-            f"memory budget {gib(budget)} is smaller than the always-hot set of {model_path}: {gib(p.hot)} "
-            f"(attention, shared experts, dense layers, embeddings and output {gib(hot)}, KV cache {gib(kv_cache)}); "
-            f"give at least {gib(p.hot)}, or a smaller n_ctx")
+            f"memory budget {size(budget)} is smaller than the always-hot set of {model_path}: {size(p.hot)} "
+            f"(attention, shared experts, dense layers, embeddings and output {size(hot)}, KV cache {size(kv_cache)}); "
+            f"give at least {size(p.hot)}, or a smaller n_ctx")
     return p
 
 

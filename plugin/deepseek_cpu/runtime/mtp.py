@@ -67,6 +67,16 @@ def unavailable_reason(header) -> str | None:
                 "which keeps it; --no-mtp or another converter leaves it out)")
     if arch not in MTP_ARCHS:
         return f"MTP drafting is not wired for architecture {arch} yet (only {', '.join(MTP_ARCHS)})"
+    if n > 1:
+        # llama.cpp's MTP graphs of these architectures assert on more (a process abort)
+        return f"the model has {n} MTP layers ({arch}.nextn_predict_layers); llama.cpp's MTP head runs one"
+    from .model_check import stripped_mtp_blocks
+    stripped = stripped_mtp_blocks(header)
+    if stripped:
+        # the loader takes a block without tensors as optional (a file whose head was stripped,
+        # key kept) and the MTP graph would then abort on its missing tensors
+        return (f"{arch}.nextn_predict_layers = {n}, but the file has no tensors of its MTP layer "
+                f"(blk.{stripped[0]}.*): the head was stripped from this file")
     if arch == "deepseek4":
         # llama.cpp's V4 MTP graph runs the head with sliding-window attention only, as DeepSeek's
         # V4-Flash config has it (compress ratio 0 for the MTP layer)

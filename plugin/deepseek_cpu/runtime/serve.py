@@ -38,7 +38,11 @@ Defaults chosen here (everything else is llama-server's own; append more flags a
 
 A non-loopback address without an API key is refused (ServeRefused) unless insecure=True.
 
-The parent process forwards SIGTERM/SIGINT to the server (exactly once), waits for
+llama-server runs with MALLOC_MMAP_THRESHOLD_=4 MiB (unless the environment chooses one): glibc's
+moving threshold kept each oversized request body's memory (see allocator_env).
+
+The parent process forwards SIGTERM/SIGINT to the server (exactly once; a second one kills it,
+and so does a server still running SHUTDOWN_GRACE_S after the first), waits for
 /health before announcing the URL, and exits with the server's status. The server runs
 with PR_SET_PDEATHSIG, so it does not outlive a killed parent.
 """
@@ -67,6 +71,16 @@ ENV_API_KEY = "DEEPSEEK_CPU_API_KEY"  # the API key (comma-separated keys) when 
 # stands for the pipe the keys are read from (/dev/fd/N, made when the server starts)
 API_KEY_PIPE = "<api-key-pipe>"
 MAX_KEYS_BYTES = 60_000  # the keys are written to a pipe before the server reads them: under its 64 KiB
+# glibc malloc's mmap threshold for llama-server (allocator_env): blocks this size and larger are
+# mapped for each use and unmapped when freed; the largest per-token buffer of a DeepSeek
+# (the sampler's 129,280 candidates, 1.5 MiB) stays below it
+MMAP_THRESHOLD = 4 << 20
+# seconds llama-server is given to exit after SIGTERM/SIGINT before serve kills it. On the signal
+# its loop stops generating and it joins its HTTP threads, but a thread still answering a request
+# waits for tokens that no longer come: a stream until its next SSE ping (30 s), a request
+# without `stream` until the client gives up (never, for a client without a timeout). Nothing is
+# lost by the kill: the replies could not have been finished anyway.
+SHUTDOWN_GRACE_S = 10.0
 # the chat page's folder (package data; see CHAT_PAGE_DIR's use in build_command)
 CHAT_PAGE_DIR = Path(__file__).resolve().parent.parent / "data" / "chat"
 
@@ -281,6 +295,24 @@ def serves_page(cmd: list[str], environ=os.environ) -> bool:
     return on and _given(("--path",), cmd, ("LLAMA_ARG_STATIC_PATH",), environ)
 
 
+def base_url(host: str, port: int) -> str:
+    """http://HOST:PORT for a host as given to --host: an IPv6 address in brackets (RFC 3986);
+    `http://:::8080/`, as printed for `--host ::` before, is no URL a browser or client takes."""
+    bare = host.strip("[]")
+    try:
+        if ipaddress.ip_address(bare.split("%")[0]).version == 6:
+            return f"http://[{bare}]:{port}"
+    except ValueError:
+        pass
+    return f"http://{host}:{port}"
+
+
+def probe_host(host: str) -> str:
+    """Where this process asks a server bound to `host` for /health: loopback for a wildcard bind
+    (llama-server's IPv6 socket is dual-stack: cpp-httplib clears IPV6_V6ONLY), else the host."""
+    return "127.0.0.1" if host.strip("[]") in ("0.0.0.0", "::", "") else host
+
+
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600.0) -> bool:
     """Poll GET url/health until 200 (503 while the model loads). False if the server died or timed out."""
     deadline = time.monotonic() + timeout
@@ -311,6 +343,23 @@ def run_server(cmd: list[str], host: str, port: int, ready_timeout: float = 600.
                                     host, port, workers, say)
 
 
+def allocator_env(environ=os.environ) -> dict[str, str]:
+    """llama-server's environment for glibc malloc: a fixed mmap threshold, unless the user chose one.
+
+    Why: glibc serves a block above its mmap threshold (128 KiB at first) by mmap and unmaps it
+    when freed, but then raises the threshold to that block's size (up to 32 MiB) and the trim
+    threshold to twice it, so later blocks of that size come from the arena of the thread that
+    asks, which keeps them after they are freed. llama-server reads a request body of up to
+    100 MiB (cpp-httplib's limit) into a string that grows by doubling, on any of its HTTP threads
+    (at least --parallel + 4 of them, each with its own arena up to 8 per core): a few oversized
+    bodies left ~330 MB more resident for good on 2 cores (tests/test_serve_soak.py), a 16-fold
+    growth of a small model's server, and more on more cores. A fixed threshold turns the raising
+    off; the bodies' buffers go back to the system when the request ends."""
+    if "MALLOC_MMAP_THRESHOLD_" in environ or "malloc.mmap_threshold" in environ.get("GLIBC_TUNABLES", ""):
+        return {}
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+
+
 def _key_pipe(keys: list[str]) -> int:
     """The read end of a pipe holding the keys, one a line (written whole: they fit its buffer)."""
     r, w = os.pipe()
@@ -325,6 +374,7 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
               env_extra: dict[str, str] | None = None, cpus: set[int] | None = None, say=log.info,
               api_keys: list[str] | None = None) -> int:
     env = {**os.environ, **(env_extra or {})}
+    env.update(allocator_env(env))
     env.pop(ENV_API_KEY, None)  # the server reads the keys from the pipe; nothing else needs them
     pass_fds: tuple[int, ...] = ()
     if API_KEY_PIPE in cmd:
@@ -347,6 +397,7 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         for fd in pass_fds:  # the server holds its own copy
             os.close(fd)
     forwarded = []
+    asked_at = []  # when the first signal was forwarded (the grace period's start)
 
     def forward(signum, frame):
         if proc.poll() is None:
@@ -354,22 +405,30 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
                 proc.kill()
             else:
                 proc.send_signal(signum)
+                asked_at.append(time.monotonic())
             forwarded.append(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        probe_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        url = f"http://{probe_host}:{port}"
+        url = base_url(probe_host(host), port)
         if wait_ready(url, proc, ready_timeout):
-            say(f"ready on http://{host}:{port}/v1 (OpenAI-compatible; /health, /metrics)"
+            shown = base_url(host, port)
+            say(f"ready on {shown}/v1 (OpenAI-compatible; /health, /metrics)"
                 + ("; API key required" if pass_fds else "")
-                + (f"; chat in a browser: http://{host}:{port}/" if serves_page(cmd, env) else ""))
+                + (f"; chat in a browser: {shown}/" if serves_page(cmd, env) else ""))
         elif proc.poll() is None and not forwarded:
             say(f"{url}/health not ready after {ready_timeout:.0f} s")
+        stopped_late = False
         while True:
             try:
-                rc = proc.wait()
+                rc = proc.wait(timeout=0.5)  # in steps: the grace period below is counted here
                 break
+            except subprocess.TimeoutExpired:
+                if asked_at and not stopped_late and time.monotonic() - asked_at[0] > SHUTDOWN_GRACE_S:
+                    say(f"llama-server still running {SHUTDOWN_GRACE_S:.0f} s after the signal "
+                        f"(requests in flight wait for tokens that no longer come): stopped")
+                    proc.kill()
+                    stopped_late = True
             except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
                 continue
     finally:
@@ -379,6 +438,8 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
         for s, h in old.items():
             signal.signal(s, h)
     if rc < 0:  # killed by a signal
+        if stopped_late and rc == -signal.SIGKILL:  # the shutdown asked for, finished by us
+            return 0
         return 0 if forwarded and -rc in forwarded else 128 - rc
     return rc
 

@@ -363,6 +363,116 @@ static int check_gemv_bit_identical(std::mt19937 & rng, ggml_type t) {
     return n_fail;
 }
 
+
+// deepseek-cpu: 2-4 tokens times q6_K weights in the plain buffer (the output head of Q4_0 and Q4_K_M files)
+// go through the few-column kernel (dsc/x86-gemv-cols.c): every token's output must be bit for bit what
+// the op gives for that token alone.
+static int check_few_cols_q6_K(std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int n_fail = 0, n_run = 0;
+    for (int64_t k : { 256, 1536 }) {
+        for (int64_t n : { 7, 64, 130 }) {
+            for (int nt : { 1, 2 }) {
+                for (int64_t tok : { 2, 3, 4, 5 }) {
+                    const mm_case c = { GGML_TYPE_Q6_K, k, n, 0, 0, tok, false, nt };
+                    std::vector<uint8_t> wq;
+                    std::vector<float>   wd;
+                    random_weights(rng, nd, c.type, c.k, c.n, wq, wd);
+                    std::vector<float> xf(c.k * c.n_tok);
+                    for (auto & v : xf) { v = nd(rng); }
+                    bool rp = false;
+                    const std::vector<float> all = run(c, ggml_backend_cpu_buffer_type(), wq, xf, {}, &rp);
+                    n_run++;
+                    bool same = true;
+                    for (int64_t i = 0; i < c.n_tok; ++i) {
+                        mm_case one = c;
+                        one.n_tok = 1;
+                        const std::vector<float> x1(xf.begin() + c.k * i, xf.begin() + c.k * (i + 1));
+                        const std::vector<float> o1 = run(one, ggml_backend_cpu_buffer_type(), wq, x1, {}, &rp);
+                        same = same && memcmp(o1.data(), all.data() + c.n * i, c.n * sizeof(float)) == 0;
+                    }
+                    n_fail += !same;
+                    if (!same || getenv("VERBOSE")) {
+                        printf("%s few cols q6_K k=%lld n=%lld tok=%lld thr=%d\n", same ? "ok  " : "FAIL", (long long) k,
+                               (long long) n, (long long) tok, nt);
+                    }
+                }
+            }
+        }
+    }
+    printf("test-repack-ops: few-token q6_K products %d/%d bit-identical to one token at a time\n", n_run - n_fail, n_run);
+    return n_fail;
+}
+// deepseek-cpu: a speculative verify's batch (2-4 tokens, and the 1-3 rows after a 4-row GEMM) times
+// repacked q4_0 / q4_K weights goes through the few-row GEMVs (dsc/x86-gemv-rows.cpp), plain MUL_MAT and
+// MUL_MAT_ID alike: every token's output must be bit for bit what the same op gives for that token
+// alone (the one-row decode GEMV), so a verified token sees the logits a plain decode would give it.
+static int check_few_rows_bit_identical(std::mt19937 & rng, ggml_backend_buffer_type_t repack_buft) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int n_fail = 0, n_run = 0;
+    for (ggml_type t : { GGML_TYPE_Q4_0, GGML_TYPE_Q4_K }) {
+        const std::vector<int64_t> ks = t == GGML_TYPE_Q4_K ? std::vector<int64_t>{ 512, 2560 }
+                                                            : std::vector<int64_t>{ 256, 4224 };
+        for (int64_t k : ks) {
+            for (int nt : { 1, 2 }) {
+                // a plain MUL_MAT takes whole fours through the GEMM, whose float steps for q4_K are ordered
+                // differently from its GEMV: there q4_K is bit-identical below 4 tokens; q4_0's GEMM is
+                for (int64_t tok : { 2, 3, 4, 6, 7 }) {
+                  for (int kind = 0; kind < 3; ++kind) {  // 0: MUL_MAT, 1: MUL_MAT_ID bcast, 2: per-slot
+                        // the expert path takes a few tokens apart only on more than one thread
+                        if ((t == GGML_TYPE_Q4_K && tok > (kind == 0 ? 3 : 4)) || (kind > 0 && nt == 1)) {
+                            continue;
+                        }
+                        const mm_case c = kind == 0 ? mm_case{ t, k, 64, 0, 0, tok, false, nt }
+                                                    : mm_case{ t, k, 64, 8, 3, tok, kind == 1, nt };
+                        const int64_t n_w = c.k * c.n * (c.n_as ? c.n_as : 1);
+                        std::vector<float> wf(n_w);
+                        for (auto & v : wf) { v = nd(rng); }
+                        std::vector<uint8_t> wq(ggml_row_size(t, c.k) * (n_w / c.k));
+                        ggml_quantize_chunk(t, wf.data(), wq.data(), 0, n_w / c.k, c.k, nullptr);
+                        const int64_t xr = c.n_as ? (c.bcast ? 1 : c.n_used) : 1;  // src1 rows per token
+                        std::vector<float> xf(c.k * xr * c.n_tok);
+                        for (auto & v : xf) { v = nd(rng); }
+                        // every token on experts 0-2 in some order: experts see 1 .. tok tokens each
+                        std::vector<int32_t> ids;
+                        for (int64_t i = 0; i < c.n_tok && c.n_as; ++i) {
+                            int32_t p[3] = { 0, 1, 2 };
+                            std::shuffle(p, p + 3, rng);
+                            ids.insert(ids.end(), p, p + 3);
+                        }
+                        bool rp = false;
+                        const std::vector<float> all = run(c, repack_buft, wq, xf, ids, &rp);
+                        if (!rp) {
+                            continue;
+                        }
+                        n_run++;
+                        const int64_t per_tok = c.n * (c.n_as ? c.n_used : 1);  // dst values per token
+                        bool same = true;
+                        for (int64_t i = 0; i < c.n_tok; ++i) {
+                            mm_case one = c;
+                            one.n_tok = 1;
+                            const std::vector<float> x1(xf.begin() + c.k * xr * i, xf.begin() + c.k * xr * (i + 1));
+                            const std::vector<int32_t> id1 = c.n_as ? std::vector<int32_t>(ids.begin() + 3 * i, ids.begin() + 3 * (i + 1))
+                                                                    : std::vector<int32_t>();
+                            const std::vector<float> o1 = run(one, repack_buft, wq, x1, id1, &rp);
+                            same = same && memcmp(o1.data(), all.data() + per_tok * i, per_tok * sizeof(float)) == 0;
+                        }
+                        n_fail += !same;
+                        if (!same || getenv("VERBOSE")) {
+                            printf("%s few rows %s k=%lld tok=%lld %s thr=%d: %s\n", same ? "ok  " : "FAIL", ggml_type_name(t),
+                                   (long long) k, (long long) tok, kind == 0 ? "mul_mat" : kind == 1 ? "mmid bcast" : "mmid per-slot",
+                                   nt, same ? "bit-identical to one token at a time" : "differs from one token at a time");
+                        }
+                  }
+                }
+            }
+        }
+    }
+    printf("test-repack-ops: few-token repacked products %d/%d bit-identical to one token at a time\n", n_run - n_fail, n_run);
+    return n_fail;
+}
+
+
 // deepseek-cpu: ggml_cont of a transposed view (what MLA attention does with its latent cache on every
 // decoded token when flash attention is off) against a plain loop; the copy must be exact.
 static int check_cont_transpose() {
@@ -607,7 +717,7 @@ int main() {
                                                           : std::vector<int64_t>{ 256 };
       for (const int64_t k : ks) {
         for (int nt : { 1, 2, 3 }) {
-            for (int64_t tok : { 1, 3, 4, 5, 7, 8, 12, 17, 33, 64 }) {
+            for (int64_t tok : { 1, 2, 3, 4, 5, 7, 8, 12, 17, 33, 64 }) {
                 cases.push_back({ t, k, 64, 0, 0, tok, false, nt });
                 for (bool bc : { true, false }) {
                     cases.push_back({ t, k, 64, 8, 3, tok, bc, nt });
@@ -673,6 +783,8 @@ int main() {
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q5_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q8_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q6_K);
+    n_fail += check_few_rows_bit_identical(rng, repack_buft);
+    n_fail += check_few_cols_q6_K(rng);
     n_fail += check_amx_bit_identical(rng, repack_buft);
     printf("test-repack-ops: %d/%d cases agree\n", n_run - n_fail, n_run);
     if (n_run == 0) {

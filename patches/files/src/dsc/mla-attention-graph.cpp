@@ -33,6 +33,10 @@ ggml_tensor * llm_graph_context::dsc_kq_mask_as_f16(ggml_tensor * kq_mask) const
 // are 2D products with the heads as columns: the cache read once for all heads, not once per head.
 // Returns nullptr where the stock code runs: other shapes, a KQ bias, Grok's scaling or a soft cap,
 // and flash_attn on outside the kernel's cases.
+// the most query tokens the one-token kernel runs once per token for: a speculative verify's batch
+// (the next token and up to 3 MTP drafts, runtime/mtp.py)
+static constexpr int64_t DSC_MQA_FEW_TOKENS = 4;
+
 ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
         ggml_tensor * q,
         ggml_tensor * k,
@@ -45,9 +49,13 @@ ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
                bool   v_trans,
               float   kq_scale,
                 int   il) const {
-    const bool one_token_mqa = q->ne[1] == 1 && q->ne[3] == 1 && k->ne[2] == 1 && k->ne[3] == 1 &&
-                               v->ne[2] == 1 && v->ne[3] == 1;
-    if (!one_token_mqa || kq_b != nullptr || arch == LLM_ARCH_GROK || hparams.attn_soft_cap) {
+    // a few tokens (a speculative verify's batch: the next token and 1-3 drafts) run the one-token
+    // kernel once per token (below): it reads the cache once per token, where KQ, softmax and KQV over
+    // the f16 cache cost ~3x one kernel pass per token (V3 shapes, Zen 3)
+    const int64_t n_q = q->ne[1];
+    const bool mqa = n_q >= 1 && n_q <= DSC_MQA_FEW_TOKENS && q->ne[3] == 1 && k->ne[2] == 1 && k->ne[3] == 1 &&
+                     v->ne[2] == 1 && v->ne[3] == 1;
+    if (!mqa || kq_b != nullptr || arch == LLM_ARCH_GROK || hparams.attn_soft_cap) {
         return nullptr;
     }
 
@@ -59,18 +67,29 @@ ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
                         q->ne[2] >= 2 && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32) &&
                         v->type == k->type && k->ne[0] % 8 == 0 && v->ne[0] % 16 == 0;
 
+    if (n_q > 1 && !kernel) {
+        return nullptr;
+    }
+
     ggml_tensor * cur = nullptr;
     if (kernel) {
         if (!cparams.flash_attn) {
             kq_mask = dsc_kq_mask_as_f16(kq_mask);
         }
-        cur = ggml_flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale, hparams.f_max_alibi_bias, 0.0f);
-        res->add_fused_node({LLM_FUSED_OP_FLASH_ATTN, cur, il});
-
-        ggml_flash_attn_ext_add_sinks(cur, sinks);
         GGML_ASSERT(n_kv_max >= 0 && n_kv_max <= INT32_MAX);
-        ggml_flash_attn_ext_set_n_kv_max(cur, static_cast<int32_t>(n_kv_max));
-        ggml_prec_set_acc(cur, GGML_PREC_F32);
+        // token t: its query and its mask row, through the same kernel as a one-token decode, so each
+        // token's attention is the one decoding it alone gives; outputs [DV, n_head, 1] joined on dim 2
+        for (int64_t t = 0; t < n_q; t++) {
+            ggml_tensor * qt = n_q == 1 ? q : ggml_view_4d(ctx0, q, q->ne[0], 1, q->ne[2], q->ne[3], q->nb[1], q->nb[2], q->nb[3], t*q->nb[1]);
+            ggml_tensor * mt = n_q == 1 || kq_mask == nullptr ? kq_mask :
+                               ggml_view_2d(ctx0, kq_mask, kq_mask->ne[0], 1, kq_mask->nb[1], t*kq_mask->nb[1]);
+            ggml_tensor * ot = ggml_flash_attn_ext(ctx0, qt, k, v, mt, kq_scale, hparams.f_max_alibi_bias, 0.0f);
+            res->add_fused_node({LLM_FUSED_OP_FLASH_ATTN, ot, il});
+            ggml_flash_attn_ext_add_sinks(ot, sinks);
+            ggml_flash_attn_ext_set_n_kv_max(ot, static_cast<int32_t>(n_kv_max));
+            ggml_prec_set_acc(ot, GGML_PREC_F32);
+            cur = cur ? ggml_concat(ctx0, cur, ot, 2) : ot;
+        }
 
         if (v_mla) {
             // as build_attn_mha: a matrix-matrix product with n_tokens in dimension 1

@@ -19,6 +19,10 @@ bool ggml_dsc_mul_mat_repacked_fits(const struct ggml_compute_params * params, c
 bool ggml_dsc_mul_mat_f32(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 bool ggml_dsc_mul_mat_quantized(const struct ggml_compute_params * params, struct ggml_tensor * dst, const void * wdata);
 bool ggml_dsc_mul_mat_g8(const struct ggml_compute_params * params, struct ggml_tensor * dst, const void * wdata);
+// one chunk of 2-4 columns times q6_K rows, each weight block unpacked once for all of them (dsc/x86-gemv-cols.c)
+bool ggml_dsc_mul_mat_few_cols(const struct ggml_compute_params * params, struct ggml_tensor * dst,
+                               int64_t ir0_start, int64_t ir0_end, int64_t ir1_start, int64_t ir1_end,
+                               const void * wdata, size_t row_size);
 void ggml_dsc_mul_mat_plane_chunks(const struct ggml_compute_params * params, const struct ggml_tensor * dst,
                                    int64_t nr1, int64_t * nchunk0, int64_t * nchunk1);
 

@@ -88,5 +88,17 @@ void ggml_dsc_gemm_q6_K_x8u(int n, float * const * out, int nr, const block_q6_K
 void ggml_dsc_gemm_q4_K_rows(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
 #endif
 
+// deepseek-cpu: 2 .. GGML_DSC_GEMV_ROWS_MAX activation rows times repacked q4_0 / q4_K weights in one pass
+// over the weights (dsc/x86-gemv-rows.cpp): a speculative verify's 1 + 1..3 draft tokens. a[r]: row r in
+// the layout's vec_dot_type (block_q8_0 / block_q8_K), its sums at out[r]. False: no kernel for this
+// type, layout or row count (the caller runs one GEMV per row).
+#define GGML_DSC_GEMV_ROWS_MAX 4
+bool ggml_dsc_gemv_rows_fits(enum ggml_type type, int64_t nb_cols, int64_t inter_size);
+bool ggml_dsc_gemv_rows(enum ggml_type type, int64_t nb_cols, int64_t inter_size,
+                        int n, float * const * out, const void * vx, const void * const * a, int nr, int nc);
+// the same with rows vy_stride bytes apart and outputs s_stride bytes apart
+bool ggml_dsc_gemv_rows_strided(enum ggml_type type, int64_t nb_cols, int64_t inter_size,
+                                int n, float * s, size_t s_stride, const void * vx, const void * vy, size_t vy_stride, int nr, int nc);
+
 // the AMX path the repack buffer tries first (dsc/amx-gemm.cpp)
 #include "dsc-amx.h"

@@ -77,6 +77,9 @@ void ggml_dsc_interleave_q4_0x8_4u(const block_q4_0 * in, block_q4_0x8 * out_p) 
     }
 }
 
+// the most experts the one-token path keeps a list of (n_expert_used x tokens)
+#define GGML_DSC_MMID_MAX_USED 64
+
 // deepseek-cpu: for one token every used expert has one row, and splitting each expert's rows in
 // halves (below) ties the op to the slower thread: on a shared machine one core often streams
 // weights more slowly than the other, and the faster one then waits at the barrier (12-19% of the
@@ -104,7 +107,12 @@ bool ggml_dsc_mmid_one_token_begin(const struct ggml_dsc_mmid * dsc) {
     const ggml_dsc_mmid_row * matrix_rows = dsc->rows;
     GGML_UNUSED(ith); GGML_UNUSED(nth); GGML_UNUSED(n_ids); GGML_UNUSED(n_as); GGML_UNUSED(NB_COLS); GGML_UNUSED(wdata);
     GGML_UNUSED(nbw1); GGML_UNUSED(nbw2); GGML_UNUSED(matrix_row_counts); GGML_UNUSED(matrix_rows);
-    const bool dsc_one_token = ids->ne[1] == 1 && n_ids <= 32 && nth > 1 && ne01 % NB_COLS == 0;
+    // a few tokens (a speculative verify's batch) the same way when the few-row GEMVs can run each
+    // expert's 2 .. GGML_DSC_GEMV_ROWS_MAX rows in one pass over its weights
+    const int64_t n_tok = ids->ne[1];
+    const bool few_tokens = n_tok == 1 ||
+        (n_tok <= GGML_DSC_GEMV_ROWS_MAX && ggml_dsc_gemv_rows_fits(src0->type, NB_COLS, dsc->inter_size));
+    const bool dsc_one_token = few_tokens && n_ids * n_tok <= GGML_DSC_MMID_MAX_USED && nth > 1 && ne01 % NB_COLS == 0;
     if (dsc_one_token && ith == 0) {
         ggml_threadpool_chunk_set(params->threadpool, nth);
     }
@@ -136,6 +144,20 @@ static void gemv_rows(const struct ggml_dsc_mmid * dsc, int cur_a, int64_t ir1_f
 
 #define MMID_MATRIX_ROW(row_id, i1) matrix_rows[(row_id) * ne12 + (i1)]
     const auto * src0_cur = (const char *) src0->data + cur_a*nb02;
+    const int64_t n_rows = matrix_row_counts[cur_a] - ir1_first;
+    if (n_rows >= 2 && n_rows <= GGML_DSC_GEMV_ROWS_MAX) {
+        // the expert's tokens in one pass over its weight rows (dsc/x86-gemv-rows.cpp)
+        float *      out[GGML_DSC_GEMV_ROWS_MAX];
+        const void * a[GGML_DSC_GEMV_ROWS_MAX];
+        for (int64_t k = 0; k < n_rows; k++) {
+            const ggml_dsc_mmid_row rm = MMID_MATRIX_ROW(cur_a, ir1_first + k);
+            out[k] = (float *) ((char *) dst->data + (rm.i1*nb1 + rm.i2*nb2)) + r0;
+            a[k]   = (const char *) wdata + ((rm.i1 % ne11)*nbw1 + rm.i2*nbw2);
+        }
+        if (ggml_dsc_gemv_rows(src0->type, NB_COLS, dsc->inter_size, ne00, out, src0_cur + r0*nb01, a, (int) n_rows, (int) (r1 - r0))) {
+            return;
+        }
+    }
     for (int64_t ir1 = ir1_first; ir1 < matrix_row_counts[cur_a]; ir1++) {
         const ggml_dsc_mmid_row rm = MMID_MATRIX_ROW(cur_a, ir1);
         const auto * src1_col = (const char *) wdata + ((rm.i1 % ne11)*nbw1 + rm.i2*nbw2);
@@ -170,9 +192,9 @@ bool ggml_dsc_mmid_one_token(const struct ggml_dsc_mmid * dsc) {
     GGML_UNUSED(nbw1); GGML_UNUSED(nbw2); GGML_UNUSED(matrix_row_counts); GGML_UNUSED(matrix_rows);
 
 #define MMID_MATRIX_ROW(row_id, i1) matrix_rows[(row_id) * ne12 + (i1)]
-    int used[32]; // one token: at most n_ids experts
+    int used[GGML_DSC_MMID_MAX_USED]; // at most n_ids experts per token (ggml_dsc_mmid_one_token_begin)
     int n_used = 0;
-    for (int a = 0; a < n_as && n_used < 32; a++) {
+    for (int a = 0; a < n_as && n_used < GGML_DSC_MMID_MAX_USED; a++) {
         if (matrix_row_counts[a] > 0) {
             used[n_used++] = a;
         }

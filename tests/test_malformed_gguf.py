@@ -9,18 +9,14 @@ to a fresh child.
 """
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
 import struct
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from child_loads import run_in_children
 from gguf_summary import value_span
 
 gguf = pytest.importorskip("gguf")
@@ -147,32 +143,7 @@ def _mutants(valid: Path, out_dir: Path) -> list[tuple[Path, str]]:
 def _load_all(paths: list[Path]) -> dict[str, dict]:
     """Outcome per file; a child killed by a signal marks the file it was on and a fresh
     child goes on with the rest."""
-    results: dict[str, dict] = {}
-    todo = [str(p) for p in paths]
-    while todo:
-        proc = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(todo) + "\n", text=True,
-                              capture_output=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        current = None
-        for line in proc.stdout.splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "start" in msg:
-                current = msg["start"]
-            else:
-                results[msg["path"]] = msg
-                current = None
-        if proc.returncode == 0:
-            break
-        if current is None:  # died outside a load: report it whole
-            pytest.fail(f"loader child exited {proc.returncode} between files:\n{proc.stderr[-2000:]}")
-        sig = -proc.returncode if proc.returncode < 0 else None
-        results[current] = {"path": current, "outcome": "died",
-                            "signal": signal.Signals(sig).name if sig else f"exit {proc.returncode}",
-                            "stderr": proc.stderr.strip().splitlines()[-3:]}
-        todo = todo[todo.index(current) + 1:]
-    return results
+    return run_in_children(CHILD, [str(p) for p in paths], "path")
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,6 @@ not take pytest down); the runtime's pre-load check is runtime/model_check.py.
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,6 +22,8 @@ import textwrap
 import gguf
 import numpy as np
 import pytest
+
+from child_loads import run_in_children
 
 Q = gguf.GGMLQuantizationType
 PROMPT = [1, 17, 230, 5]
@@ -70,30 +69,7 @@ CHILD = textwrap.dedent("""
 def load_all(items: list[tuple[object, int]]) -> dict[tuple[str, int], dict]:
     """(path, mtp) -> outcome: loaded (with the greedy tokens), exception, or died (a signal); a
     fresh child goes on after a death."""
-    todo = [f"{p} {m}" for p, m in items]
-    results = {}
-    while todo:
-        proc = subprocess.run([sys.executable, "-c", CHILD], input="\n".join(todo) + "\n", text=True,
-                              capture_output=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        current = None
-        for line in proc.stdout.splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if "start" in msg:
-                current = msg["start"]
-            else:
-                results[msg["key"]] = msg
-                current = None
-        if proc.returncode == 0:
-            break
-        if current is None:
-            pytest.fail(f"loader child exited {proc.returncode} between files:\n{proc.stderr[-2000:]}")
-        sig = -proc.returncode if proc.returncode < 0 else None
-        results[current] = {"outcome": "died", "signal": signal.Signals(sig).name if sig else proc.returncode,
-                            "stderr": proc.stderr.strip().splitlines()[-3:]}
-        todo = todo[todo.index(current) + 1:]
+    results = run_in_children(CHILD, [f"{p} {m}" for p, m in items], "key")
     return {(p, m): results[f"{p} {m}"] for p, m in ((str(p), m) for p, m in items)}
 
 

@@ -54,7 +54,7 @@ def test_budget_below_the_always_hot_set_names_both_sizes(gguf):
     with pytest.raises(memory_budget.MemoryBudgetError) as e:
         Llama(gguf, n_ctx=64, mem_budget=hot // 2, verbose=False)
     msg = str(e.value)
-    assert memory_budget.gib(hot // 2) in msg and "always-hot" in msg
+    assert memory_budget.format_size(hot // 2) in msg and "always-hot" in msg
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def rpc_worker(host, port, threads, cpus, mem, cache_dir, no_cache, key_file, in
     Clients use it with `Llama(..., rpc_servers="HOST:PORT,...")`, `serve --rpc`, `bench --rpc`;
     with a key, they need it too (`rpc_key_file=`, `--rpc-key-file`)."""
     import os
-    from ..runtime.memory_budget import gib
+    from ..runtime.memory_budget import format_size
     from ..runtime.resources import available_memory, default_threads, parse_size
     from ..runtime.serve import is_loopback
     key_file = key_file or os.environ.get(rpc_auth.ENV_KEY_FILE) or None
@@ -60,7 +60,7 @@ def rpc_worker(host, port, threads, cpus, mem, cache_dir, no_cache, key_file, in
         worker.prepare_cache(cache)
     note = (f" (clients must prove the key in {key_file})" if key_file else
             "" if is_loopback(host) else " (no authentication: keep this network private)")
-    click.echo(f"deepseek-cpu rpc-worker: {host}:{port}{note}; offering {gib(offered)}, {threads} threads; "
+    click.echo(f"deepseek-cpu rpc-worker: {host}:{port}{note}; offering {format_size(offered)}, {threads} threads; "
                f"weight cache {cache if cache else 'off'}", err=True)
     sys.exit(worker.supervise(cmd, env, cpu_set, say=say))
 

@@ -54,9 +54,6 @@ def format_size(n: int | float) -> str:
     return f"{int(n)} bytes"
 
 
-gib = format_size  # its former name, still imported (commands/rpc_worker.py)
-
-
 @dataclass
 class BudgetPlan:
     budget: int

@@ -459,6 +459,6 @@ def budget_env(model, mem_budget, policy, parallel, ctx_per_slot, dry_run, heade
         layout = prefetch.layout(model, header)
         placement, name = prefetch.plan_policy(policy, layout, plan)
         n = prefetch.advise_file(layout, placement)
-        say(f"{plan.describe()}; prefetch {name}: {n / 2**30:.2f} GiB read ahead")
+        say(f"{plan.describe()}; prefetch {name}: {memory_budget.format_size(n)} read ahead")
     level = 0 if policy == "none" else memory_budget.EXPERT_PREFETCH_LEVEL
     return {**memory_budget.server_env(), "DEEPSEEK_CPU_EXPERT_PREFETCH": str(level)}

@@ -100,7 +100,7 @@ def gguf(tmp_path_factory):
     from deepseek_cpu.conversion.convert import convert
     from fixture_paths import fixture_dir
     name = "deepseek-ai-DeepSeek-V3.1.jinja"
-    text = _template_text(name)
+    text = _template_text("v3.1")  # checked against its recorded source and sha256
     if text is None:
         pytest.skip(f"llama.cpp's models/templates/{name} is not available")
     d = tmp_path_factory.mktemp("chat-page") / "v31"

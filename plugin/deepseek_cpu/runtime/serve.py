@@ -313,11 +313,12 @@ def probe_host(host: str) -> str:
     return "127.0.0.1" if host.strip("[]") in ("0.0.0.0", "::", "") else host
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600.0) -> bool:
-    """Poll GET url/health until 200 (503 while the model loads). False if the server died or timed out."""
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 600.0, stop=None) -> bool:
+    """Poll GET url/health until 200 (503 while the model loads). False if the server died, timed
+    out, or stop() says to give up (a shutdown asked for while it was still being awaited)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
+        if (proc is not None and proc.poll() is not None) or (stop is not None and stop()):
             return False
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2) as r:
@@ -411,7 +412,10 @@ def _run_once(cmd: list[str], host: str, port: int, ready_timeout: float = 600.0
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         url = base_url(probe_host(host), port)
-        if wait_ready(url, proc, ready_timeout):
+        # a signal before the server answered ends the wait: a server shutting down answers no
+        # /health, and waiting out ready_timeout would also hold off the grace period below (seen
+        # under load: a client's request reached the server before this poll did)
+        if wait_ready(url, proc, ready_timeout, stop=lambda: bool(forwarded)):
             shown = base_url(host, port)
             say(f"ready on {shown}/v1 (OpenAI-compatible; /health, /metrics)"
                 + ("; API key required" if pass_fds else "")

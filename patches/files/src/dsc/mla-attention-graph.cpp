@@ -67,7 +67,11 @@ ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
                         q->ne[2] >= 2 && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32) &&
                         v->type == k->type && k->ne[0] % 8 == 0 && v->ne[0] % 16 == 0;
 
-    if (n_q > 1 && !kernel) {
+    // the per-token pass is for the CPU backend's kernel: a cache held elsewhere (an RPC worker, whose
+    // checks refuse the graph of per-token views) keeps the stock path for a few tokens
+    const ggml_tensor * cache = k->view_src ? k->view_src : k;
+    const bool host_cache = cache->buffer != nullptr && ggml_backend_buffer_is_host(cache->buffer);
+    if (n_q > 1 && (!kernel || !host_cache)) {
         return nullptr;
     }
 

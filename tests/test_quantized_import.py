@@ -97,6 +97,33 @@ def test_exact_blocks_match_the_tools_dequantization(name, imported):
     print(f"{name}: {n_exact} exact tensors, max abs error vs the tool's dequantization {worst:.3g}")
 
 
+@pytest.mark.parametrize("name", ["gptq_g32", "gptq_sym_actorder"])
+def test_gptq_import_matches_gptqmodels_own_dequantization(name, imported):
+    """An implementation that is not ours: GPTQModel 7.7.0's TorchLinear dequantized the packed
+    GPTQ tensors as stored (its v1 -> v2 zero conversion, its unpacking; in float16, its own
+    arithmetic), offline (tests/fixtures/make_gptq_crosscheck.py, gptqmodel_dequant.npz). Its one
+    float16 rounding of scale * (q - zero) adds 2**-11 of the value to the bound of the module
+    docstring. (With float32 scales it reproduces tool_dequant.npz exactly; the maker checks that.)"""
+    gm = {k: v.astype(np.float32) for k, v in np.load(fixture_dir(name) / "gptqmodel_dequant.npz").items()}
+    table = {s.name: s for s in tensor_table(json.loads((fixture_dir(name) / "config.json").read_text()))}
+    n_exact = n_fallback = 0
+    for t in gguf.GGUFReader(imported(name)).tensors:
+        want = expected(table[t.name], gm)
+        if want is None:
+            continue
+        ours = gguf.quants.dequantize(t.data, t.tensor_type).reshape(want.shape)
+        err = np.abs(ours - want).reshape(-1)
+        f16 = 2**-11 * np.abs(want).reshape(-1) + 2**-25
+        if t.tensor_type in (Q.Q4_0, Q.Q4_1):
+            assert (err <= block_bound(t) + f16).all(), (t.name, float(err.max()))
+            n_exact += 1
+        else:  # a fallback: the dequantized float, then bf16
+            assert t.tensor_type == Q.BF16, t.name
+            assert (err <= 2**-8 * np.abs(ours).reshape(-1) + f16).all(), (t.name, float(err.max()))
+            n_fallback += 1
+    assert n_exact >= 3 * 5 and n_fallback >= 3, (n_exact, n_fallback)
+
+
 def test_fallbacks_are_reported_per_tensor(tmp_path, caplog):
     """act-order g_idx that splits 32-blocks, and MLA's transposed attn_k_b, go through
     float (here f32: the tool's values to f32 round-off), each named with the reason."""
@@ -126,7 +153,17 @@ def test_fallbacks_are_reported_per_tensor(tmp_path, caplog):
             np.testing.assert_allclose(np.asarray(t.data).reshape(want.shape), want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["ct_asym_g32", "gptq_sym_actorder", "awq_g32"])
+# the mean KL(transformers on the tool's float model || engine on our import) over the 26 positions
+# of dequant_reference.npz, measured on an AMD EPYC (Zen 3, AVX2; the engine's q4 x q8 dot products
+# round the activations to q8); deterministic run to run. The bound is 3x that: re-quantizing the
+# same weights instead of keeping their grid gives far more (q4_k_m 1.6e-3 to 2.0e-3, q4_0 5.5e-3
+# to 6.9e-3, even q8_0 7.0e-5 to 7.3e-5, more than 3x ct_asym_g32's; the old bound, 0.01, passed
+# every one of them).
+EXACT_IMPORT_KL = {"ct_asym_g32": 2.02e-5, "ct_sym_channel": 3.13e-5, "gptq_g32": 2.56e-5,
+                   "gptq_sym_actorder": 3.25e-5, "awq_g32": 2.56e-5}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_IMPORT_KL))
 def test_engine_loads_the_import(name, imported):
     """The engine accepts the file; its logits are close to transformers' on the tool's
     dequantized float model (the engine's q4 x q8 dot products round the activations)."""
@@ -140,7 +177,8 @@ def test_engine_loads_the_import(name, imported):
         llm.close()
     assert np.isfinite(logits).all()
     kl = kld(ref["logits"].astype(np.float64), logits)
-    assert kl.mean() < 0.01, kl
+    print(f"{name}: mean KL {kl.mean():.3g} (measured on Zen 3: {EXACT_IMPORT_KL[name]:.3g})")
+    assert kl.mean() < 3 * EXACT_IMPORT_KL[name], kl
 
 
 def kld(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:

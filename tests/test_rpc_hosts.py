@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_python
+from conftest import fixture_dir, run_python
 from deepseek_cpu.runtime import rpc
 from rpc_hosts import Worker, hosts
 from served import Served
@@ -107,6 +107,40 @@ def test_a_model_larger_than_each_host_runs_split_with_the_single_process_logits
     for h in hs:  # each host held its share within its limit (the kernel enforces it; this reads it back)
         peak = int((h.cgroup / "memory.max_usage_in_bytes").read_text())
         assert peak <= CGROUP_LIMIT
+
+
+def test_f32_fixtures_split_over_two_hosts_match_transformers(converted, tmp_path):
+    """The split against the oracle, not only against this engine in one process (a mistake both
+    make, in the graph, the converter or the kernels, would pass that): the f32 fixtures' logits
+    over two hosts are transformers' (reference.npz) to test_parity.py's tolerance, every position,
+    with all layers on the workers, then with this host keeping the first (the split at another place)."""
+    from test_parity import TOL, rel_errors
+    from deepseek_cpu import Llama
+    with hosts(2) as hs:
+        workers = [Worker(h.addr, PORT, ["--mem", "64M", "--no-cache"], netns=h.name, env={rpc.ENV_TIMEOUT: "3"},
+                          log=tmp_path / f"worker{i}.log").start() for i, h in enumerate(hs)]
+        try:
+            for name in ("v2_lite", "v3_noaux"):
+                ref = np.load(fixture_dir(name) / "reference.npz")
+                for local in (None, "16M"):  # 16M of 16M + 2 x 32M usable: about a fifth, layer 0 here
+                    llm = Llama(str(converted(name, "f32")), n_ctx=64, logits_all=True, verbose=False,
+                                type_k=0, type_v=0, rpc_servers=",".join(w.endpoint for w in workers),
+                                rpc_local=local)  # type 0: an f32 KV cache, as test_parity.py
+                    try:
+                        split = llm.rpc_split
+                        assert all(w.units for w in split.workers), split.describe()
+                        assert (len(split.local.units) > 1) == (local is not None), split.describe()
+                        llm.eval([int(t) for t in ref["tokens"]])
+                        got = np.array(llm.scores[: len(ref["tokens"])], dtype=np.float32)
+                    finally:
+                        llm.close()
+                    err = rel_errors(got, ref["logits"])
+                    print(f"{name}: {split.describe()}: max relative error {err.max():.3g}")
+                    assert err.max() <= TOL, (name, split.describe(), err.max(), err.argmax())
+                    assert (got.argmax(1) == ref["logits"].argmax(1)).all(), (name, split.describe())
+        finally:
+            for w in workers:
+                w.stop()
 
 
 def test_an_unreachable_host_is_an_error_not_a_hang(model, two_hosts):

@@ -1,19 +1,25 @@
 """Agents and structured output through `deepseek-cpu serve`, driven by the real client packages.
 
-The model is the tiny DeepSeek-V3 fixture (v3_noaux), which carries DeepSeek-V3's own chat
-template; DeepSeek-V2.5's and R1's templates write tool calls with the same markup. Random weights
-cannot decide to call a tool, so every test forces a shape (tool_choice "required" or a named
-function, a response_format schema) and checks what comes back: it parses, validates against its
-schema, its ids round-trip, and the prompt the server built equals transformers' rendering
-(tests/fixtures/tool_chat_templates.json, from make_tool_chat_fixtures.py).
+The model is the tiny DeepSeek-V3 fixture (v3_noaux), which carries DeepSeek-V2.5's chat template
+(the text DeepSeek-V3 shipped at release; V3's, V3-0324's, R1's and R1-0528's write tool calls with the
+same markup). Random weights cannot decide to call a tool, so every test forces a shape (tool_choice
+"required" or a named function, a response_format schema) and checks what comes back: it parses,
+validates against its schema, its ids round-trip, and the prompt the server built equals
+transformers' rendering (tests/fixtures/tool_chat_templates.json, from make_tool_chat_fixtures.py).
+The older templates (V2-Chat, V2.5, V3, V3-0324, R1, R1-0528) come from recorded sources (PyPI wheels,
+their sha256 and the templates' recorded in the same file), and their prompts, from the server and
+in process, equal transformers 4.57's on a corpus of conversations.
 """
+import hashlib
 import json
+import shutil
 import urllib.request
 from typing import Literal
 
 import jsonschema
 import pytest
 
+from fixture_paths import fixture_dir
 from served import Served, post
 
 MODEL = "v3_noaux"
@@ -31,6 +37,10 @@ TOOLS = {t["function"]["name"]: t for t in (WEATHER, TIME)}
 ANSWER_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
                                                   "n": {"type": "integer", "minimum": 0, "maximum": 9}},
                  "required": ["ok", "n"], "additionalProperties": False}
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+# make_tool_chat_fixtures.py: each template's source (a PyPI wheel and its sha256), sha256 and text, and
+# transformers 4.57's renderings of a corpus of conversations with each
+OLDER = json.loads(fixture_dir("tool_chat_templates.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +67,11 @@ def _valid_call(name, arguments):
 # -- the prompt: what the engine saw equals transformers' apply_chat_template(..., tools=...)
 
 def test_prompt_with_tools_equals_transformers(server):
-    from fixture_paths import FIXTURES
-    oracle = json.loads((FIXTURES / "tool_chat_templates.json").read_text())
+    oracle = OLDER
     assert oracle["cases"]
+    with urllib.request.urlopen(server.url + "/props", timeout=30) as r:
+        served = json.loads(r.read())["chat_template"]
+    assert hashlib.sha256(served.encode()).hexdigest() == OLDER["templates"][OLDER["fixture_template"]]["sha256"]
     for case in oracle["cases"]:
         got = _json(server, "/apply-template", {"messages": case["messages"], "tools": case["tools"]})["prompt"]
         bos = "<｜begin▁of▁sentence｜>"  # the server adds BOS when it tokenizes, not in the text
@@ -326,15 +338,122 @@ def llm(converted):
 
 def test_in_process_prompt_equals_transformers(llm):
     from deepseek_cpu.runtime import tool_calls
-    from fixture_paths import FIXTURES
-    oracle = json.loads((FIXTURES / "tool_chat_templates.json").read_text())
+    oracle = OLDER
     template = llm.metadata["tokenizer.chat_template"]
+    assert hashlib.sha256(template.encode()).hexdigest() == OLDER["templates"][OLDER["fixture_template"]]["sha256"]
     assert tool_calls.is_deepseek_tool_template(template)
     for case in oracle["cases"]:
         text = tool_calls.render_prompt(template, case["messages"], case["tools"], "<｜begin▁of▁sentence｜>",
                                         "<｜end▁of▁sentence｜>")
         assert text == case["text"]
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == case["ids"]
+
+
+# -- DeepSeek's older templates (V2-Chat, V2.5, V3, V3-0324, R1, R1-0528), each from a recorded source
+
+
+
+def _older_template(tag: str) -> str:
+    """Template `tag`, refused unless its text has the sha256 recorded with its source."""
+    rec = OLDER["templates"][tag]
+    got = hashlib.sha256(rec["text"].encode()).hexdigest()
+    assert got == rec["sha256"], (f"{tag}: sha256 {got}, but {rec['sha256']} is recorded (from {rec['source']}): "
+                                  "re-record with make_tool_chat_fixtures.py")
+    return rec["text"]
+
+
+# Content "" beside tool calls (LangChain's, and transformers 5's form) is read as None by the server
+# (patches/files/common/parsers/dsc-deepseek-tool-calls.cpp) and by runtime/tool_calls.render_prompt, on
+# purpose: V2.5's and V3's templates draw an assistant's calls only for a None content, and for "" they
+# drop them from the prompt (transformers' rendering of the "" case, which test_older_templates_are_the_
+# recorded_ones checks). So the prompt expected for it is transformers' for the same turn with None.
+EMPTY_AS_NONE = {'tool result, content ""': "tool result"}
+
+
+def _older_cases(tag: str):
+    """(case, messages, tools, the text expected: transformers') for each conversation the template renders."""
+    for case, c in OLDER["corpus"].items():
+        text = OLDER["texts"][tag][EMPTY_AS_NONE.get(case, case) if tag != "v2-chat" else case]
+        if text is not None:  # None: V2-Chat's template has no tool messages (transformers raises)
+            yield case, c["messages"], c["tools"], text
+
+
+def test_older_templates_are_the_recorded_ones():
+    """Each template has its recorded sha256; v3_noaux (the `server` above, and `llm`) carries
+    V2.5's; the corpus tells the templates apart (no two render it alike); R1's prompts open a
+    thought that V3-0324's, the same template but for that, do not; V2.5's and V3's drop the calls
+    of a "" content (hence EMPTY_AS_NONE); R1's cuts earlier thoughts."""
+    tags = list(OLDER["templates"])
+    assert tags == ["v2-chat", "v2.5", "v3", "v3-0324", "r1", "r1-0528"]
+    for tag in tags:
+        _older_template(tag)
+        assert OLDER["templates"][tag]["source"]["wheel_sha256"]
+    own = json.loads((fixture_dir(MODEL) / "tokenizer_config.json").read_text())["chat_template"]
+    assert hashlib.sha256(own.encode()).hexdigest() == OLDER["templates"][OLDER["fixture_template"]]["sha256"]
+    assert len({json.dumps(OLDER["texts"][t], sort_keys=True) for t in tags}) == len(tags)
+    r1, v3_0324 = OLDER["texts"]["r1"], OLDER["texts"]["v3-0324"]
+    assert r1["user"] == v3_0324["user"] + "<think>\n" and r1["user"].endswith("<｜Assistant｜><think>\n")
+    # transformers drops the calls of a "" content from V2.5's and V3's prompts (not from the others')
+    for tag in tags[1:]:
+        empty, none = OLDER["texts"][tag]['tool result, content ""'], OLDER["texts"][tag]["tool result"]
+        assert (empty == none) == (tag not in ("v2.5", "v3")), tag
+        assert ("<｜tool▁calls▁begin｜>" in empty) == (tag not in ("v2.5", "v3")), tag
+    # R1's own template cuts an earlier reply at </think> and never reads a reasoning_content field
+    assert "A greeting." not in r1["earlier thought in content"]
+    assert "<｜Assistant｜>\n\nHello.<｜end▁of▁sentence｜>" in r1["earlier thought in content"]
+    assert "A greeting." not in r1["earlier thought as reasoning_content"]
+
+
+@pytest.fixture(scope="module", params=["v2-chat", "v2.5", "v3", "v3-0324", "r1", "r1-0528"])
+def older_server(request, tmp_path_factory):
+    """`deepseek-cpu serve` on the v3_noaux fixture converted with template `request.param`."""
+    from deepseek_cpu.conversion.convert import convert
+    tag = request.param
+    template = _older_template(tag)
+    root = tmp_path_factory.mktemp("older-" + tag.replace(".", ""))
+    shutil.copytree(fixture_dir(MODEL), root / "hf")
+    cfg = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False))
+    gguf = convert(root / "hf", root / f"{tag}.gguf", outtype="f32", progress=False)
+    s = Served(gguf, root / "server.log", parallel=1, ctx=1024)
+    s.tag, s.template = tag, template
+    yield s
+    s.stop()
+
+
+def test_older_template_prompts_equal_transformers(older_server):
+    """What llama-server renders (/apply-template) equals transformers' apply_chat_template, byte
+    for byte, for every conversation of the corpus (system, user, multi-turn, tool calls and
+    results, text before a call, earlier thoughts)."""
+    with urllib.request.urlopen(older_server.url + "/props", timeout=30) as r:
+        served = json.loads(r.read())["chat_template"]
+    assert hashlib.sha256(served.encode()).hexdigest() == OLDER["templates"][older_server.tag]["sha256"]
+    # R1-0528's template reads every assistant message's content as a string ('</think>' in content):
+    # beside a tool call it gets "" where V2.5's and V3's get the null they draw calls for (the server's
+    # handler, patches/files/common/parsers/dsc-deepseek-tool-calls.cpp, falls back to the messages as
+    # they came when the template raises on a null; it was a 500 before)
+    for case, messages, tools, text in _older_cases(older_server.tag):
+        got = _json(older_server, "/apply-template", {"messages": messages, **({"tools": tools} if tools else {})})
+        # the server adds BOS when it tokenizes, not in the text
+        assert BOS + got["prompt"] == text, (older_server.tag, case)
+
+
+@pytest.mark.parametrize("tag", ["v2-chat", "v2.5", "v3", "v3-0324", "r1", "r1-0528"])
+def test_in_process_older_template_prompts_equal_transformers(tag):
+    """deepseek_cpu.Llama's renderers give transformers' prompts: runtime/tool_calls.render_prompt
+    (requests with tools or a JSON schema, on templates with DeepSeek's tool markup) for every
+    conversation, llama-cpp-python's Jinja2ChatFormatter (every other request) for those without tools."""
+    from deepseek_cpu.runtime import tool_calls
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    template = _older_template(tag)
+    assert tool_calls.is_deepseek_tool_template(template) == (tag != "v2-chat")
+    plain = Jinja2ChatFormatter(template, eos_token=EOS, bos_token=BOS)
+    for case, messages, tools, text in _older_cases(tag):
+        if tool_calls.is_deepseek_tool_template(template):
+            assert tool_calls.render_prompt(template, messages, tools, BOS, EOS) == text, (tag, case)
+        if not tools:
+            assert plain(messages=messages).prompt == text, (tag, case)
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}},

@@ -54,7 +54,9 @@ def render_prompt(template: str, messages: list[dict], tools: list[dict] | None,
                   **variables) -> str:
     """The template rendered as transformers 4 renders it: None contents kept (the template
     draws an assistant's tool calls only when its content is None); `variables` are the template's
-    own (chat_template_kwargs: V3.1/V3.2/V4's `thinking`, runtime/hybrid_chat.py)."""
+    own (chat_template_kwargs: V3.1/V3.2/V4's `thinking`, runtime/hybrid_chat.py). A template that
+    cannot take a None content beside tool calls (R1-0528's tests `'</think>' in content` on every
+    assistant message) is rendered with "" there, as llama-server's generic path renders it."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -72,8 +74,17 @@ def render_prompt(template: str, messages: list[dict], tools: list[dict] | None,
         if m.get("tool_calls") and not m.get("content"):
             m["content"] = None
         msgs.append(m)
-    return env.from_string(template).render(**variables, messages=msgs, tools=tools, bos_token=bos, eos_token=eos,
-                                            add_generation_prompt=True)
+    tmpl = env.from_string(template)
+
+    def render(msgs):
+        return tmpl.render(**variables, messages=msgs, tools=tools, bos_token=bos, eos_token=eos,
+                           add_generation_prompt=True)
+    try:
+        return render(msgs)
+    except TypeError:  # None where the template needs a string
+        if not any(m.get("tool_calls") and m["content"] is None for m in msgs):
+            raise
+        return render([{**m, "content": ""} if m.get("tool_calls") and m["content"] is None else m for m in msgs])
 
 
 def check_tools(tools: list | None, tool_choice: Any) -> tuple[list[dict], str]:

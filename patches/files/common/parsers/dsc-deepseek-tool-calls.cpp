@@ -59,8 +59,19 @@ common_chat_params dsc_chat_params_init_deepseek_tool_calls(const common_chat_te
                                                             const autoparser::generation_params & inputs) {
     common_chat_params data;
 
-    const json messages = dsc_null_content_of_tool_call_messages(inputs.messages);
-    data.prompt            = common_chat_template_direct_apply_impl(tmpl, inputs, messages);
+    // a template that cannot take a null content (R1-0528's tests `'</think>' in content` on every
+    // assistant message) raises on it: it gets the messages as the server made them (transformers,
+    // too, renders R1-0528 only with a string there)
+    json messages = dsc_null_content_of_tool_call_messages(inputs.messages);
+    try {
+        data.prompt = common_chat_template_direct_apply_impl(tmpl, inputs, messages);
+    } catch (const std::exception &) {
+        if (messages == inputs.messages) {
+            throw;
+        }
+        messages    = inputs.messages;
+        data.prompt = common_chat_template_direct_apply_impl(tmpl, inputs, messages);
+    }
     data.generation_prompt = common_chat_template_generation_prompt_impl(tmpl, inputs, messages);
     data.format            = COMMON_CHAT_FORMAT_PEG_NATIVE;
     data.preserved_tokens  = { DSC_TC_CALLS_BEGIN, DSC_TC_CALLS_END, DSC_TC_CALL_BEGIN, DSC_TC_CALL_END, DSC_TC_SEP };

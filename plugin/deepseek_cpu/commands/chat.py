@@ -75,9 +75,9 @@ def _ctx_full(llm) -> bool:
 @click.option("-n", "--max-tokens", default=512, show_default=True, help="Per reply.")
 @click.option("--temperature", default=0.0, show_default=True)
 @terminal_options
-def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp):
+def chat(model, system, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache):
     """Chat with MODEL (a GGUF) in the terminal, streaming replies; tokens/s after each."""
-    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp)
+    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache)
     click.echo(f"chatting with {model} (n_ctx {llm.n_ctx()}); /reset, /exit", err=True)
     chat_loop(llm, iter(sys.stdin), system=system, max_tokens=max_tokens, temperature=temperature)
 

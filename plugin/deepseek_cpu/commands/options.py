@@ -34,10 +34,16 @@ MTP_OPTION = click.option(
     help="Draft N tokens (default 1) a step with the model's own multi-token-prediction head "
          "(DeepSeek-V3/R1/V3.1/V3.2); same output, more tokens per step.")
 
+# --repack-cache alone: the default directory (<cache root>/repack); --repack-cache DIR: that one
+REPACK_CACHE_OPTION = click.option(
+    "--repack-cache", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+    help="Keep the repacked weights on disk (default directory: <cache>/repack) and map them at later "
+         "loads: fast loads for one more file the size of the weights.")
+
 
 def terminal_options(command):
     """The options of the commands that open a model in this process (run, chat): threads,
-    context, memory budget, prefetch policy, MTP drafts; open_for_terminal takes them."""
+    context, memory budget, prefetch policy, MTP drafts, repack cache; open_for_terminal takes them."""
     for option in reversed((
         click.option("--threads", type=int, default=None, help="Default: physical cores available."),
         click.option("--ctx", "n_ctx", type=int, default=None, help="Context length (default: fits memory)."),
@@ -46,6 +52,7 @@ def terminal_options(command):
         click.option("--prefetch", default=None, metavar="POLICY",
                      help="Prefetch policy under --mem-budget: popular (default), pinned, none, or a plugin's."),
         MTP_OPTION,
+        REPACK_CACHE_OPTION,
     )):
         command = option(command)
     return command
@@ -68,11 +75,11 @@ class SchemeName(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-def open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp):
+def open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache=None):
     """The model as run and chat open it (runtime.llama.open_for_terminal); a file llama.cpp
     cannot load is a one-line error, not a traceback."""
     from ..runtime.llama import open_for_terminal
     try:
-        return open_for_terminal(model, threads, n_ctx, mem_budget, prefetch, mtp)
+        return open_for_terminal(model, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache)
     except ValueError as e:
         raise click.ClickException(f"{e} (is it a GGUF model file?)" if "Failed to load" in str(e) else str(e)) from None

@@ -15,9 +15,9 @@ from .options import open_terminal_model, terminal_options
 @click.option("-n", "--max-tokens", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True)
 @terminal_options
-def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp):
+def run(model, prompt, max_tokens, temperature, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache):
     """Complete PROMPT with MODEL (a GGUF), streaming the text; tokens/s at the end."""
-    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp)
+    llm = open_terminal_model(model, threads, n_ctx, mem_budget, prefetch, mtp, repack_cache)
     t0, n = time.time(), 0
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, stream=True):
         click.echo(chunk["choices"][0]["text"], nl=False)

@@ -8,7 +8,7 @@ import click
 
 from ..hookspecs import hookimpl
 from ..runtime import serve
-from .options import cpu_set_option
+from .options import REPACK_CACHE_OPTION, cpu_set_option
 
 
 def say(message: str) -> None:
@@ -49,10 +49,11 @@ def say(message: str) -> None:
 @click.option("--mtp", type=click.IntRange(0, 3), is_flag=False, flag_value=1, default=0, metavar="[N]",
               help="Draft N tokens (default 1) a step with the model's multi-token-prediction head "
                    "(llama-server's draft-mtp); the same replies, more tokens per step.")
+@REPACK_CACHE_OPTION
 @click.option("--dry-run", is_flag=True, help="Print the llama-server command line and exit.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, mem_budget, prefetch, ready_timeout,
-              rpc_servers, rpc_local, rpc_key_file, api_key, api_key_file, insecure, no_webui, mtp, dry_run, extra):
+              rpc_servers, rpc_local, rpc_key_file, api_key, api_key_file, insecure, no_webui, mtp, repack_cache, dry_run, extra):
     """Serve MODEL (a GGUF) over an OpenAI-compatible HTTP API with llama-server.
 
     On an address other machines can reach, an API key is required (or --insecure), and no other
@@ -78,6 +79,9 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
     except (OSError, ValueError):
         header = None  # each step then says what it cannot do with the file, as before
     env = serve.budget_env(model, mem_budget, prefetch, parallel, ctx_per_slot, dry_run, header, say) if mem_budget else {}
+    if repack_cache is not None:
+        from ..runtime.repack_cache import ENV, directory
+        env[ENV] = directory(repack_cache)
     workers = None
     if rpc_servers:
         from ..runtime import rpc_serve

@@ -101,12 +101,22 @@ def _as_length(chunk: dict) -> dict:
 class Llama(llama_cpp.Llama):
     __doc__ = (llama_cpp.Llama.__doc__ or "") + "\n\n" + (__doc__ or "")
 
-    def __init__(self, model_path: str, *args, mtp: bool | int = False, **kwargs):
+    def __init__(self, model_path: str, *args, mtp: bool | int = False, repack_cache=None, **kwargs):
         """mtp: draft with the model's own multi-token-prediction head (DeepSeek-V3/R1/V3.1/V3.2):
         True or a number of draft tokens (1..3) per step, verified by the model in one batch
         (runtime/mtp.py). Same tokens as without it, greedy or sampled alike; a model without an
         MTP layer says so in one line and decodes as usual. `self.mtp_stats` counts drafts and
-        kept tokens."""
+        kept tokens.
+
+        repack_cache: True (the default directory, <cache root>/repack) or a directory: the first
+        load writes the repacked weights there, later loads map them instead of repacking (fast
+        loads for one more file the size of the weights; runtime/repack_cache.py). False: off.
+        Default: DEEPSEEK_CPU_REPACK_CACHE's directory if set, else off."""
+        from . import repack_cache as repack_cache_mod
+        with repack_cache_mod.for_load(repack_cache):
+            self._load(model_path, *args, mtp=mtp, **kwargs)
+
+    def _load(self, model_path: str, *args, mtp: bool | int = False, **kwargs):
         from . import mtp as mtp_mod
         n_draft = mtp_mod.parse_draft(mtp)
         self._mtp = None
@@ -368,9 +378,10 @@ class Llama(llama_cpp.Llama):
 
 
 def open_for_terminal(model: str, threads: int | None = None, n_ctx: int | None = None,
-                      mem_budget: str | None = None, prefetch: str | None = None, mtp: int = 0) -> "Llama":
+                      mem_budget: str | None = None, prefetch: str | None = None, mtp: int = 0,
+                      repack_cache: str | None = None) -> "Llama":
     """The model as `run` and `chat` open it: quiet, our defaults unless given."""
-    kw: dict = {"verbose": False, "mtp": mtp}
+    kw: dict = {"verbose": False, "mtp": mtp, "repack_cache": repack_cache}
     if mem_budget:
         kw.update(mem_budget=mem_budget, prefetch=prefetch)
     if threads:

@@ -102,3 +102,8 @@ bool ggml_dsc_gemv_rows_strided(enum ggml_type type, int64_t nb_cols, int64_t in
 
 // the AMX path the repack buffer tries first (dsc/amx-gemm.cpp)
 #include "dsc-amx.h"
+
+// a CPU_REPACK buffer over a read-only mapping of [offset, offset + size) of the file fd: the loader's
+// repack cache (dsc/repack-mapped-buffer.cpp); NULL when it cannot be mapped. Handed to the loader by the
+// CPU backend's get_proc_address.
+ggml_backend_buffer_t ggml_dsc_repack_buffer_from_file(int fd, size_t offset, size_t size);

@@ -262,3 +262,26 @@ print("OK")
 """], capture_output=True, text=True, timeout=120, cwd=os.path.dirname(__file__),
                        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
     assert "OK" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_lost_worker_stand_in_answers_503_where_the_server_listened(host):
+    """While a lost worker comes back, `serve --rpc`'s stand-in answers 503 on the server's own
+    address: an IPv6 host (`--host ::1`) included (it bound IPv4 only and failed there)."""
+    import socket
+    import urllib.error
+    import urllib.request
+    from deepseek_cpu.runtime import rpc_serve
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    server = rpc_serve.stand_in(host, port)
+    try:
+        url_host = f"[{host}]" if ":" in host else host
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{url_host}:{port}/v1/models", timeout=10)
+        assert e.value.code == 503 and b"unavailable" in e.value.read()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -48,6 +48,34 @@ def test_dry_run_shows_our_defaults(gguf):
     assert args[args.index("-t") + 1] == str(default_threads())
 
 
+def test_prompt_cache_fits_the_memory_left(gguf, monkeypatch):
+    """llama-server's prompt cache (--cache-ram, its default 8 GiB whatever the machine has) gets a
+    quarter of the memory beside the weights and the slots' KV cache; under a budget, of the
+    budget's; a --cache-ram after `--` is the user's and stays the only one."""
+    from deepseek_cpu.runtime import model_file, resources, serve
+    shape = model_file.read_shape(str(gguf))
+    kv = shape.kv_bytes_per_token * 1024
+    monkeypatch.setattr(resources, "available_memory", lambda: shape.file_size + kv + (400 << 20))
+    args = serve.build_command(str(gguf), ctx_per_slot=512, parallel=2)
+    assert args[args.index("--cache-ram") + 1] == "100"
+    monkeypatch.setattr(resources, "available_memory", lambda: 1 << 40)
+    args = serve.build_command(str(gguf), ctx_per_slot=512, parallel=2)
+    assert args[args.index("--cache-ram") + 1] == "8192"  # never above llama-server's own default
+    monkeypatch.setattr(resources, "available_memory", lambda: shape.file_size // 2)
+    args = serve.build_command(str(gguf), ctx_per_slot=512, parallel=2)
+    assert args[args.index("--cache-ram") + 1] == "0"  # nothing to spare: no prompt cache
+    args = serve.build_command(str(gguf), ctx_per_slot=512, parallel=2, extra=("--cache-ram", "64"))
+    assert args.count("--cache-ram") == 1 and args[args.index("--cache-ram") + 1] == "64"
+    r = subprocess.run([sys.executable, "-m", "deepseek_cpu", "serve", str(gguf), "--mem-budget", "1G", "--ctx", "256",
+                        "--parallel", "1", "--dry-run"], env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    from deepseek_cpu.runtime import memory_budget
+    hot, _ = memory_budget.tensor_bytes(str(gguf))
+    expect = model_file.prompt_cache_bytes(shape, 256, available=1 << 30, weights=hot) >> 20
+    args = r.stdout.split()
+    assert args[args.index("--cache-ram") + 1] == str(expect) and expect > 0
+
+
 def test_the_parent_reads_the_header_once_and_never_loads_the_engine(gguf):
     """`serve` sizes the slots' context, plans a memory budget and reads ahead from one reading of
     the GGUF's header, and runs llama-server without loading libllama into its own process."""

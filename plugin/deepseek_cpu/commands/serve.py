@@ -101,8 +101,17 @@ def serve_cmd(model, host, port, parallel, ctx_per_slot, threads, cpus, alias, m
         # line before it starts: Llama() makes the same check (runtime/model_check.py)
         from ..runtime.model_check import check
         check(header, mtp=bool(mtp))
+    prompt_cache = None
+    if mem_budget and header is not None:
+        # the prompt cache's share of the budget, not of the machine's memory
+        from ..runtime import memory_budget
+        from ..runtime.model_file import prompt_cache_bytes, read_shape
+        hot, _ = memory_budget.tensor_bytes(model, header)
+        ctx = (ctx_per_slot or serve.default_ctx_per_slot(model, parallel, header)) * parallel
+        prompt_cache = prompt_cache_bytes(read_shape(model, header), ctx, available=memory_budget.parse_size(mem_budget),
+                                          weights=hot)
     cmd = serve.build_command(model, host, port, parallel, ctx_per_slot, threads, alias, extra, header,
-                              api_key=bool(keys), webui=not no_webui, mtp=mtp)
+                              api_key=bool(keys), webui=not no_webui, mtp=mtp, prompt_cache=prompt_cache)
     if dry_run:
         pin = ["taskset", "-c", cpus] if cpu_set else []
         click.echo(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *pin, *map(shlex.quote, cmd)]))

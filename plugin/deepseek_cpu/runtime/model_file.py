@@ -67,3 +67,20 @@ def default_n_ctx(shape: ModelShape | None, available: int | None = None, weight
     # a multiple of 256 (MIN_DEFAULT_CTX is one), never past the model's own context: a
     # floor above a short training length only buys positions the model never saw
     return n // 256 * 256 if n >= 256 else n
+
+
+# llama-server's own prompt-cache limit (--cache-ram 8192 MiB), which it keeps whatever the machine has
+MAX_PROMPT_CACHE = 8 << 30
+
+
+def prompt_cache_bytes(shape: ModelShape | None, n_ctx: int, available: int | None = None,
+                       weights: int | None = None) -> int:
+    """What llama-server's prompt cache (--cache-ram) may hold: a quarter of the memory left beside
+    the weights (default: the file's size) and the KV cache of n_ctx tokens, at most llama-server's
+    own 8 GiB. The cache grows with every distinct prompt, so its default could take a small
+    machine's last gigabytes."""
+    if shape is None:
+        return MAX_PROMPT_CACHE
+    available = resources.available_memory() if available is None else available
+    spare = available - (shape.file_size if weights is None else weights) - shape.kv_bytes_per_token * n_ctx
+    return max(0, min(MAX_PROMPT_CACHE, spare // 4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -67,12 +68,19 @@ class _StandIn(ThreadingHTTPServer):
     daemon_threads = True
 
 
+class _StandIn6(_StandIn):
+    address_family = socket.AF_INET6
+
+
 def stand_in(host: str, port: int, timeout: float = 10.0) -> _StandIn:
-    """A 503 server on host:port (retried while the exiting llama-server still holds the port)."""
+    """A 503 server on host:port (retried while the exiting llama-server still holds the port), on
+    IPv6 where the host is an IPv6 address or name (`serve --host ::`), as llama-server listened."""
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    cls = _StandIn6 if family == socket.AF_INET6 else _StandIn
     deadline = time.monotonic() + timeout
     while True:
         try:
-            server = _StandIn((host, port), _Unavailable)
+            server = cls((host, port), _Unavailable)
             break
         except OSError:
             if time.monotonic() > deadline:

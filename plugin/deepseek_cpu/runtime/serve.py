@@ -242,10 +242,11 @@ def template_thinks_by_default(template: str | None) -> bool | None:
 def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = DEFAULT_PARALLEL,
                   ctx_per_slot: int | None = None, threads: int | None = None, alias: str | None = None,
                   extra: tuple[str, ...] | list[str] = (), header=None, api_key: bool = False,
-                  webui: bool = True, mtp: int = 0) -> list[str]:
+                  webui: bool = True, mtp: int = 0, prompt_cache: int | None = None) -> list[str]:
     """llama-server's command line; api_key: the keys come through API_KEY_PIPE (run_server
     makes the pipe, given the keys); webui: our chat page at / (else the API only); mtp: draft
-    tokens a step with the model's MTP head (0: off)."""
+    tokens a step with the model's MTP head (0: off); prompt_cache: bytes for llama-server's
+    prompt cache (default: model_file.prompt_cache_bytes for this machine's memory)."""
     from .resources import default_threads
     threads = threads or default_threads()
     ctx_per_slot = ctx_per_slot or default_ctx_per_slot(model, parallel, header)
@@ -257,6 +258,11 @@ def build_command(model: str, host: str = "127.0.0.1", port: int = 8080, paralle
         "-t", str(threads), "-tb", str(threads),
         "-fa", "off",
     ]
+    if not _given(("--cache-ram", "-cram"), extra, ("LLAMA_ARG_CACHE_RAM",), os.environ):
+        if prompt_cache is None:
+            from .model_file import prompt_cache_bytes, read_shape
+            prompt_cache = prompt_cache_bytes(read_shape(model, header), ctx_per_slot * parallel)
+        cmd += ["--cache-ram", str(prompt_cache >> 20)]
     if not webui:
         cmd += ["--no-webui"]
     elif _given(("--path",), extra, ("LLAMA_ARG_STATIC_PATH",), os.environ):

@@ -192,6 +192,19 @@ DEEPSEEK_MIXES = (
     Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "
            "attention, shared experts and dense layers q6_K; output q6_K",
            "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q4_0", output="q6_K")),
+    # Below 4 bits: what CPU users of the 671B models run (R1/V3 at 2-3.5 bits per weight). Only the
+    # routed experts go below 4 bits; what every token reads stays at 6. ffn_down of the experts is
+    # the most sensitive of the three (it writes the residual stream): one step up in ds-q2.
+    # V2-Lite's expert rows (1408 wide) do not fill 256-wide blocks: its ffn_down_exps falls back to
+    # q4_0 there (llama.cpp's rule); V3's 2048-wide ones take the k-quant.
+    Scheme("ds-q3", "DeepSeek mix at 3.5 bits per weight on V3 (4.0 on V2-Lite): routed experts "
+           "q3_K; attention, shared experts and dense layers q6_K; embeddings q4_K; output q6_K",
+           "q3_k_m", _mix_rules("q3_K", "q6_K", embeddings="q4_K", output="q6_K"), wants_imatrix=True),
+    Scheme("ds-q2", "DeepSeek mix at 3.0 bits per weight on V3 (3.5 on V2-Lite): routed experts "
+           "q2_K (ffn_down q3_K); attention, shared experts and dense layers q6_K; embeddings q4_K; "
+           "output q6_K",
+           "q2_k", ((r"\.ffn_down_exps\.weight$", "q3_K"),
+                    *_mix_rules("q2_K", "q6_K", embeddings="q4_K", output="q6_K")), wants_imatrix=True),
     # DeepSeek-V4: its release already stores the routed experts in 4 bits (MXFP4); they are copied
     # bit for bit. The mHC mixing matrices and the compressors' position biases steer every token
     # and are tiny: they stay f32 (llama.cpp's own MXFP4_MOE type would round them to q8_0).

@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=128, help="Tokens per chunk (eval and imatrix).")
     ap.add_argument("--dir", default="/tmp/schemes-quality")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--imatrix", choices=("both", "yes", "no"), default="both",
+                    help="Quantize each scheme with the importance matrix, without, or both (default).")
     ap.add_argument("--outliers", type=float, default=None, metavar="F",
                     help="Quantize the checkpoint's equivalent with outlier channels F times larger.")
     a = ap.parse_args()
@@ -53,7 +55,8 @@ def main() -> None:
     print(f"imatrix: {imx.summary()}", file=sys.stderr)
     rows = []
     for name in ["bf16", *a.schemes.split(",")]:
-        for use_imatrix in ((False,) if name == "bf16" else (False, True)):
+        variants = {"both": (False, True), "yes": (True,), "no": (False,)}[a.imatrix]
+        for use_imatrix in ((False,) if name == "bf16" else variants):
             if name == "bf16":
                 path, bpw = src, 16.0
             else:

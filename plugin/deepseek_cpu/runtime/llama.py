@@ -112,8 +112,9 @@ class Llama(llama_cpp.Llama):
         load writes the repacked weights there, later loads map them instead of repacking (fast
         loads for one more file the size of the weights; runtime/repack_cache.py). False: off.
         Default: DEEPSEEK_CPU_REPACK_CACHE's directory if set, else off."""
-        from . import repack_cache as repack_cache_mod
-        with repack_cache_mod.for_load(repack_cache):
+        from . import model_params
+        from .repack_cache import ENV, directory
+        with model_params.environment(ENV, directory(repack_cache)):
             self._load(model_path, *args, mtp=mtp, **kwargs)
 
     def _load(self, model_path: str, *args, mtp: bool | int = False, **kwargs):

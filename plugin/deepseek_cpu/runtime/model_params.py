@@ -2,7 +2,7 @@
 
 Llama.__init__ builds its llama_model_params from llama_model_default_params(); while
 no_repacking() or with_mtp() is active, the defaults it reads carry the setting. mapped() sets the engine's
-DEEPSEEK_CPU_MAPPED for the load.
+DEEPSEEK_CPU_MAPPED for the load, environment() any such variable (DEEPSEEK_CPU_REPACK_CACHE).
 """
 from __future__ import annotations
 
@@ -66,17 +66,26 @@ def rollback_snapshots(n: int):
 
 
 @contextlib.contextmanager
+def environment(name: str, value: str | None):
+    """The engine's loader setting `name` (an environment variable it reads while loading) set to
+    `value` for one load, as it was afterwards; None: left as it is."""
+    if value is None:
+        yield
+        return
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def mapped(pattern: str):
     """Tensors whose name matches `pattern` (a regular expression, searched) stay in the plain CPU
     buffer, used from the file mapping; the others are placed as usual (repacked, copied). The
     engine's loader reads DEEPSEEK_CPU_MAPPED (src/dsc/loader-mapped.cpp): llama.cpp's own tensor
     overrides still repack a tensor overridden to the CPU buffer type."""
-    old = os.environ.get(MAPPED_ENV)
-    os.environ[MAPPED_ENV] = pattern
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(MAPPED_ENV, None)
-        else:
-            os.environ[MAPPED_ENV] = old
+    return environment(MAPPED_ENV, pattern)

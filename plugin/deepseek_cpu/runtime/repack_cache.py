@@ -10,7 +10,6 @@ writes it again when anything differs.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -35,22 +34,3 @@ def directory(value) -> str | None:
     if isinstance(value, (str, os.PathLike)):
         return os.path.expanduser(os.fspath(value))
     raise ValueError(f"repack_cache must be True, False or a directory, not {value!r}")
-
-
-@contextlib.contextmanager
-def for_load(value):
-    """DEEPSEEK_CPU_REPACK_CACHE set for one load (the engine reads it while loading)."""
-    d = directory(value)
-    if d is None:
-        yield
-        return
-    old = os.environ.get(ENV)
-    os.environ[ENV] = d
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
-

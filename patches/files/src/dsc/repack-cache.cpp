@@ -129,14 +129,28 @@ bool read_at(int fd, void * dst, size_t n, size_t off) {
     return true;
 }
 
+bool write_all(int fd, const void * src, size_t n) {
+    const uint8_t * p = (const uint8_t *) src;
+    while (n > 0) {
+        const ssize_t w = write(fd, p, std::min(n, (size_t) 64 << 20));
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) {
+                continue;
+            }
+            return false;
+        }
+        p += w;
+        n -= (size_t) w;
+    }
+    return true;
+}
+
 // The file is written with O_DIRECT where the filesystem allows it: through the page cache, writing
 // 8 GiB took twice as long as the disk needs on the VMs here (every page-cache page allocated anew),
 // and it left as much dirty memory beside the model. O_DIRECT wants aligned addresses and lengths:
 // the header is padded to DATA_ALIGN, the weights' base is the buffer's (2 MiB-aligned for large
 // buffers), and the last partial block goes through an aligned copy; the file is then cut to size.
 constexpr size_t DIRECT_ALIGN = 4096;
-
-bool write_all(int fd, const void * src, size_t n);
 
 bool write_direct(int fd, const std::string & head, const uint8_t * base, size_t size) {
     void * bounce = nullptr;
@@ -154,22 +168,6 @@ bool write_direct(int fd, const std::string & head, const uint8_t * base, size_t
     }
     free(bounce);
     return ok;
-}
-
-bool write_all(int fd, const void * src, size_t n) {
-    const uint8_t * p = (const uint8_t *) src;
-    while (n > 0) {
-        const ssize_t w = write(fd, p, std::min(n, (size_t) 64 << 20));
-        if (w <= 0) {
-            if (w < 0 && errno == EINTR) {
-                continue;
-            }
-            return false;
-        }
-        p += w;
-        n -= (size_t) w;
-    }
-    return true;
 }
 
 // what decides the cached bytes, as one byte string (compared whole with the cache file's copy)

@@ -198,3 +198,44 @@ def test_ds_v4_keeps_the_released_experts_bit_for_bit(converted, tmp_path):
     ref = reference()
     got = engine_logits(out, ref["tokens"], n_ctx=N_CTX)
     assert np.isfinite(got).all()
+
+
+def test_hash_layers_experts_are_read_ahead_from_the_token_ids(tmp_path):
+    """V4's hash-routed layers choose experts from the token ids alone (tid2eid), so under a memory
+    budget the engine reads every later hash layer's experts at the first hash layer's lookup
+    (dsc/expert-prefetch.c), at the default read-ahead level. The fixture with a second hash layer (its own table, its router bias
+    gone, as DeepSeek ships hash layers): from the second token on, each one-token graph reads ahead
+    layer 1's two experts for that token, and layer 1's lookup then chooses exactly those."""
+    from test_pre_tokenizers_in_engine import _write_safetensors
+
+    from deepseek_cpu import Llama
+    from deepseek_cpu.conversion.convert import convert
+    from deepseek_cpu.runtime import experts
+    model = tmp_path / "v4-two-hash-layers"
+    shutil.copytree(fixture_dir(NAME), model)
+    cfg = json.loads((model / "config.json").read_text())
+    edit_config(model, num_hash_layers=2)
+    _drop_tensor(model, "layers.1.ffn.gate.bias")
+    rng = np.random.default_rng(0)
+    k, n_expert = cfg["num_experts_per_tok"], cfg["n_routed_experts"]
+    table = np.stack([rng.permutation(n_expert)[:k] for _ in range(cfg["vocab_size"])]).astype(np.int32)
+    _write_safetensors(model / "model-hash.safetensors",
+                       {"layers.1.ffn.gate.tid2eid": ("I32", table.shape, table.tobytes())})
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    index["weight_map"]["layers.1.ffn.gate.tid2eid"] = "model-hash.safetensors"
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    path = convert(model, tmp_path / "v4-two-hash.gguf", outtype="f32", progress=False)
+    tokens = [int(t) for t in reference()["tokens"][:48]]
+    llm = Llama(str(path), n_ctx=N_CTX, n_batch=1, mem_budget="8M", verbose=False)
+    level = experts.set_expert_prefetch(1)  # the default under a budget: exact, so no pre-gating needed
+    try:
+        experts.expert_hash_prefetch_stats(reset=True)
+        llm.eval(tokens)
+        st = experts.expert_hash_prefetch_stats()
+    finally:
+        experts.set_expert_prefetch(level)
+        llm.close()
+    # the first graph learns layer 1's table at its lookup, after layer 0's: nothing read ahead then
+    assert st == {"read_ahead": k * (len(tokens) - 1), "chosen": k * (len(tokens) - 1)}
+    # and the chosen experts are the table's: the tokens' rows, k distinct experts each
+    assert all(len(set(table[t])) == k for t in tokens)

@@ -84,6 +84,16 @@ def expert_prefetch_stats(reset: bool = False) -> dict:
     return {"predicted": out[0], "chosen_predicted": out[1], "chosen": out[2]}
 
 
+def expert_hash_prefetch_stats(reset: bool = False) -> dict:
+    """DeepSeek-V4's hash-routed layers: experts read ahead for a layer from the token ids at an
+    earlier hash layer, and how many of them its table lookup then chose (all, for a sound engine)."""
+    fn = prefetch_function("ggml_dsc_expert_prefetch_hash_stats")
+    fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    out = (ctypes.c_uint64 * 2)()
+    fn(out, int(reset))
+    return {"read_ahead": out[0], "chosen": out[1]}
+
+
 def reset_expert_usage() -> None:
     """Set every counter of this process to zero."""
     _, reset = _functions()

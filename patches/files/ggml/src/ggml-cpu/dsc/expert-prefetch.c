@@ -15,6 +15,13 @@
 // one FFN residual; the hit rate is counted (ggml_dsc_expert_prefetch_stats). Batches score at most
 // GGML_DSC_PREGATE_TOKENS tokens (dsc-tuning.h), evenly spaced, to bound thread 0's work.
 //
+// DeepSeek-V4's hash-routed layers choose their experts from the token ids alone (a table lookup,
+// "ffn_moe_topk-N", a GET_ROWS of the layer's tid2eid table): each lookup's experts are read ahead
+// when it is done, like a router's choice, and at the first hash layer's lookup also every later hash
+// layer's experts for this graph's tokens. That is exact, not a prediction (the tables are learnt
+// from an earlier graph), so it needs no level 2; there, a hash layer's router logits (still computed:
+// they weight the chosen experts) pre-gate the next layer as an argsort would.
+//
 // Addresses are learnt from the nodes the first time they run (weights do not move): the expert
 // weights from each layer's MUL_MAT_ID, the router from "ffn_moe_logits-N" (an f32 MUL_MAT). A layer's
 // MUL_MAT_ID runs after its router, so the first graph (a cold prompt) would read nothing ahead: the
@@ -68,6 +75,17 @@ static int64_t  dsc_pf_k[DSC_PF_LAYERS];                            // experts p
 static uint8_t  dsc_pf_predicted[DSC_PF_LAYERS][DSC_PF_EXPERTS];    // by the previous layer, this graph
 static int      dsc_pf_has_prediction[DSC_PF_LAYERS];
 static uint64_t dsc_pf_stats[3];
+
+struct dsc_pf_hash_table {  // a hash layer's tid2eid: I32 [k, n_vocab]
+    const char * data;
+    size_t       nb1;
+    int64_t      k;
+    int64_t      n_vocab;
+};
+static struct dsc_pf_hash_table dsc_pf_hash[DSC_PF_LAYERS];
+static uint8_t  dsc_pf_hash_read[DSC_PF_LAYERS][DSC_PF_EXPERTS];    // read ahead from this graph's tokens
+static int      dsc_pf_hash_pending[DSC_PF_LAYERS];
+static uint64_t dsc_pf_hash_stats[2];
 static int      dsc_pf_level = -1;
 
 static int dsc_pf_get_level(void) {
@@ -84,6 +102,8 @@ void ggml_dsc_expert_prefetch_forget(void) {
     memset(dsc_pf_input, 0, sizeof(dsc_pf_input));
     memset(dsc_pf_k, 0, sizeof(dsc_pf_k));
     memset(dsc_pf_has_prediction, 0, sizeof(dsc_pf_has_prediction));
+    memset(dsc_pf_hash, 0, sizeof(dsc_pf_hash));
+    memset(dsc_pf_hash_pending, 0, sizeof(dsc_pf_hash_pending));
 }
 
 void ggml_dsc_expert_prefetch_weights(int layer, int slot, const void * data, size_t expert_bytes, int64_t n_expert,
@@ -105,6 +125,13 @@ void ggml_dsc_expert_prefetch_stats(uint64_t * out, int reset) {
     memcpy(out, dsc_pf_stats, sizeof(dsc_pf_stats));
     if (reset) {
         memset(dsc_pf_stats, 0, sizeof(dsc_pf_stats));
+    }
+}
+
+void ggml_dsc_expert_prefetch_hash_stats(uint64_t * out, int reset) {
+    memcpy(out, dsc_pf_hash_stats, sizeof(dsc_pf_hash_stats));
+    if (reset) {
+        memset(dsc_pf_hash_stats, 0, sizeof(dsc_pf_hash_stats));
     }
 }
 
@@ -223,6 +250,78 @@ static void dsc_pf_pregate(int layer) {
     }
     dsc_pf_has_prediction[next] = 1;
 }
+
+// the experts a layer chose: the first k_used rows of an I32 [>= k_used, n_tokens] node
+static void dsc_pf_chosen(const struct ggml_tensor * node, int64_t k_used, uint8_t seen[DSC_PF_EXPERTS]) {
+    memset(seen, 0, DSC_PF_EXPERTS);
+    for (int64_t t = 0; t < node->ne[1]; t++) {
+        const char * col = (const char *) node->data + t*node->nb[1];
+        for (int64_t k = 0; k < k_used; k++) {
+            const int32_t e = *(const int32_t *) (col + k*node->nb[0]);
+            if (e >= 0 && e < DSC_PF_EXPERTS) {
+                seen[e] = 1;
+            }
+        }
+    }
+}
+
+// every later hash layer's experts for this graph's tokens (an I32 [n_tokens] tensor), read ahead
+static void dsc_pf_hash_ahead(int layer, const struct ggml_tensor * tokens) {
+    if (tokens->type != GGML_TYPE_I32 || tokens->data == NULL || tokens->nb[0] != sizeof(int32_t)) {
+        return;
+    }
+    for (int m = layer + 1; m < DSC_PF_LAYERS; m++) {
+        const struct dsc_pf_hash_table * h = &dsc_pf_hash[m];
+        if (h->data == NULL || dsc_pf_k[m] <= 0) {
+            continue;
+        }
+        memset(dsc_pf_hash_read[m], 0, sizeof(dsc_pf_hash_read[m]));
+        for (int64_t t = 0; t < ggml_nelements(tokens); t++) {
+            const int32_t tok = ((const int32_t *) tokens->data)[t];
+            if (tok < 0 || tok >= h->n_vocab) {
+                continue;
+            }
+            const int32_t * row = (const int32_t *) (h->data + (size_t) tok*h->nb1);
+            for (int64_t k = 0; k < h->k; k++) {
+                const int32_t e = row[k];
+                if (e >= 0 && e < DSC_PF_EXPERTS && !dsc_pf_hash_read[m][e]) {
+                    dsc_pf_hash_read[m][e] = 1;
+                    dsc_pf_read_expert(m, e);
+                }
+            }
+        }
+        dsc_pf_hash_pending[m] = 1;
+    }
+}
+
+// a hash layer's table lookup is done: its table, its chosen experts read ahead, the tokens' later
+// hash layers too; counts how many of the experts read ahead for it were chosen
+static void dsc_pf_hash_layer(const struct ggml_tensor * node, int layer) {
+    const struct ggml_tensor * table = node->src[0];
+    if (table == NULL || table->type != GGML_TYPE_I32 || table->data == NULL || node->src[1] == NULL) {
+        return;
+    }
+    dsc_pf_hash[layer] = (struct dsc_pf_hash_table) { (const char *) table->data, table->nb[1], table->ne[0],
+                                                      table->ne[1] };
+    if (dsc_pf_k[layer] <= 0) {
+        dsc_pf_k[layer] = table->ne[0];
+    }
+    uint8_t seen[DSC_PF_EXPERTS];
+    dsc_pf_chosen(node, node->ne[0], seen);
+    for (int32_t e = 0; e < DSC_PF_EXPERTS; e++) {
+        if (seen[e]) {
+            dsc_pf_read_expert(layer, e);
+        }
+    }
+    if (dsc_pf_hash_pending[layer]) {
+        for (int e = 0; e < DSC_PF_EXPERTS; e++) {
+            dsc_pf_hash_stats[0] += dsc_pf_hash_read[layer][e];
+            dsc_pf_hash_stats[1] += dsc_pf_hash_read[layer][e] & seen[e];
+        }
+        dsc_pf_hash_pending[layer] = 0;
+    }
+    dsc_pf_hash_ahead(layer, node->src[1]);
+}
 #endif
 
 void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node) {
@@ -249,6 +348,17 @@ void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node) {
             x->nb[0] == sizeof(float) && w->ne[0] == x->ne[0] && w->ne[2] == 1 && x->ne[2] == 1) {
             dsc_pf_router[layer] = (struct dsc_pf_router) { (const float *) w->data, w->nb[1], w->ne[0], w->ne[1] };
             dsc_pf_input[layer]  = (struct dsc_pf_input) { (const char *) x->data, x->nb[1], x->ne[1] };
+            if (level >= 2 && dsc_pf_hash[layer].data != NULL) {  // a hash layer has no argsort to pre-gate from
+                dsc_pf_pregate(layer);
+                dsc_pf_input[layer].data = NULL;
+            }
+        }
+        return;
+    }
+    if (node->op == GGML_OP_GET_ROWS) {
+        const int layer = dsc_pf_node_layer(node->name, "ffn_moe_topk");
+        if (layer >= 0 && node->type == GGML_TYPE_I32 && node->data != NULL && node->ne[0] <= DSC_PF_EXPERTS) {
+            dsc_pf_hash_layer(node, layer);
         }
         return;
     }
@@ -261,16 +371,7 @@ void ggml_dsc_expert_prefetch_node(const struct ggml_tensor * node) {
     }
     const int64_t k_used = dsc_pf_k[layer] < node->ne[0] ? dsc_pf_k[layer] : node->ne[0];
     uint8_t seen[DSC_PF_EXPERTS];
-    memset(seen, 0, sizeof(seen));
-    for (int64_t t = 0; t < node->ne[1]; t++) {
-        const char * col = (const char *) node->data + t*node->nb[1];
-        for (int64_t k = 0; k < k_used; k++) {
-            const int32_t e = *(const int32_t *) (col + k*node->nb[0]);
-            if (e >= 0 && e < DSC_PF_EXPERTS) {
-                seen[e] = 1;
-            }
-        }
-    }
+    dsc_pf_chosen(node, k_used, seen);
     for (int32_t e = 0; e < DSC_PF_EXPERTS; e++) {
         if (seen[e]) {
             dsc_pf_read_expert(layer, e);

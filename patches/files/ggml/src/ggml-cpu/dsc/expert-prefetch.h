@@ -29,6 +29,9 @@ __attribute__((visibility("default"))) void ggml_dsc_expert_prefetch_forget(void
 // out[0] experts predicted for a layer, out[1] of them chosen by its router, out[2] experts chosen in
 // layers that had a prediction: the pre-gating hit rate is out[1] / out[2]. reset: clears them.
 __attribute__((visibility("default"))) void ggml_dsc_expert_prefetch_stats(uint64_t * out, int reset);
+// DeepSeek-V4's hash layers: out[0] experts read ahead for a hash layer from the token ids at an earlier
+// hash layer, out[1] of them chosen by its lookup (all, unless the table changed). reset: clears them.
+__attribute__((visibility("default"))) void ggml_dsc_expert_prefetch_hash_stats(uint64_t * out, int reset);
 
 #ifdef __cplusplus
 }

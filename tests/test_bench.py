@@ -124,3 +124,87 @@ def test_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     bench.plot(_bench_on_fake_runs(tmp_path, monkeypatch), str(tmp_path / "b.png"))
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- bench --compare-ik: ik_llama.cpp's llama-bench as an engine --------------------------------
+# The stand-in replays what a real ik_llama.cpp llama-bench (8337e4c, built beside the project)
+# printed for `-m v2-lite-q4_0.gguf -t 2 -r 1 -o json -p 16 -n 0 -gp 16,4 -gp 32,4 -rtr 1 -fmoe 1
+# -mla 3 -fa 1` (tests/fixtures/ik_llama_bench.json, verbatim), and records the arguments it was given.
+IK_OUTPUT = REPO / "tests" / "fixtures" / "ik_llama_bench.json"
+
+
+def _ik_stand_in(tmp_path, exit_code=0, output=None):
+    d = tmp_path / "ik-bin"
+    d.mkdir()
+    exe = d / "llama-bench"
+    exe.write_text(f"#!{sys.executable}\n"
+                   "import json, sys\n"
+                   f"open({str(d / 'argv.json')!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                   "sys.stderr.write('llama_model_loader: loaded meta data\\n')\n"
+                   f"sys.stdout.write(open({str(output or IK_OUTPUT)!r}).read())\n"
+                   f"sys.exit({exit_code})\n")
+    exe.chmod(0o755)
+    return d
+
+
+def test_compare_ik_runs_its_llama_bench_interleaved(tmp_path, monkeypatch):
+    from deepseek_cpu.tools import ik_bench
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "libllama.so").write_bytes(b"")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf")
+    ik_dir = _ik_stand_in(tmp_path)
+    order = []
+
+    def fake_run_once(engine, lib, spec, timeout):
+        order.append(engine)
+        return {"ok": True, "load_s": 1.0, "pp_tok_s": 100.0, "tg_tok_s": 20.0, "tg_depth_tok_s": 10.0,
+                "peak_rss_bytes": 1}
+
+    monkeypatch.setattr(bench, "run_once", fake_run_once)
+    real = ik_bench.run_once
+
+    def spy(*args, **kw):
+        order.append("ik")
+        return real(*args, **kw)
+    monkeypatch.setattr(ik_bench, "run_once", spy)
+    res = bench.bench(str(model), pp=16, tg=4, ctx_depth=32, threads=2, repeat=2, compare_ik=str(ik_dir),
+                      ours_lib=str(tmp_path / "ours"), warm_cache=False, log=lambda *a, **k: None)
+    assert order == ["ours", "ik", "ours", "ik", "ik", "ours"]  # untimed loads, then alternated
+    calls = [json.loads(x) for x in (ik_dir / "argv.json").read_text().splitlines()]
+    assert calls[0][calls[0].index("-p") + 1] == "16" and calls[0][calls[0].index("-gp") + 1] == "16,1"
+    timed = calls[1]
+    assert timed[timed.index("-m") + 1] == str(model) and timed[timed.index("-t") + 1] == "2"
+    assert [timed[i + 1] for i, x in enumerate(timed) if x == "-gp"] == ["16,4", "32,4"]
+    assert timed[-8:] == list(ik_bench.IK_DEFAULT_FLAGS) and res["settings"]["ik_flags"] == timed[-8:]
+    recorded = json.loads(IK_OUTPUT.read_text())
+    want = {(t["n_prompt"], t["n_gen"]): t["avg_ts"] for t in recorded}
+    ik = res["engines"]["ik"]
+    assert [r["pp_tok_s"] for r in ik["runs"]] == [want[(16, 0)]] * 2
+    assert ik["summary"]["tg_tok_s"]["median"] == want[(16, 4)]
+    assert ik["summary"]["tg_depth_tok_s"]["median"] == want[(32, 4)]
+    assert ik["runs"][0]["peak_rss_bytes"] > 0 and "load_s" not in ik["summary"]
+    assert res["ratios_ours_over_ik"]["pp_tok_s"] == pytest.approx(100.0 / want[(16, 0)])
+    assert "ours/ik" in bench.format_table(res)
+
+
+def test_compare_ik_errors_are_one_line(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"not a gguf")
+    p = subprocess.run([sys.executable, "-m", "deepseek_cpu", "bench", str(model), "--compare-ik", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert f"--compare-ik {tmp_path}: no executable llama-bench there" in p.stderr
+
+
+def test_compare_ik_failed_run_is_reported_not_raised(tmp_path):
+    from deepseek_cpu.tools import ik_bench
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    exe = ik_bench.ik_bench_path(_ik_stand_in(tmp_path, output=bad))
+    spec = {"model": "m.gguf", "pp": 16, "tg": 4, "ctx_depth": 0, "threads": 2}
+    res = ik_bench.run_once(exe, spec, [], timeout=60)
+    assert not res["ok"] and "lacks pp_tok_s, tg_tok_s" in res["error"]
+    exe.write_text(exe.read_text().replace("sys.exit(0)", "sys.exit(3)"))
+    res = ik_bench.run_once(exe, spec, [], timeout=60)
+    assert not res["ok"] and res["error"] == "llama-bench exited 3" and res["stderr_tail"]

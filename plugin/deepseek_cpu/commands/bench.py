@@ -20,6 +20,10 @@ from ..tools.bench import _parse_opts, bench, format_table, plot
               help="Also decode with this many tokens in the cache (0: skip).")
 @click.option("--compare-stock", is_flag=True,
               help="Also run stock llama.cpp (llama-cpp-python 0.3.36 without our patches; built once, cached).")
+@click.option("--compare-ik", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Also run ik_llama.cpp's llama-bench from this build directory (its bin/), alternated with ours.")
+@click.option("--ik-flags", default=None, metavar="FLAGS",
+              help="llama-bench flags for --compare-ik (default: its best CPU settings, -rtr 1 -fmoe 1 -mla 3 -fa 1).")
 @click.option("--flash-attn", type=click.Choice(["default", "on", "off"]), default="default", show_default=True,
               help="flash_attn for both engines (default: each engine's own default).")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE",
@@ -51,14 +55,15 @@ from ..tools.bench import _parse_opts, bench, format_table, plot
               help="With --mtp: the text to continue (default: a built-in Python snippet).")
 @click.option("--no-warm-load", is_flag=True,
               help="Skip the untimed first load of each engine (that load pays for page-cache reclaim).")
-def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_attn, opts, mem_budget, rpc_servers,
+def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, compare_ik, ik_flags, flash_attn, opts, mem_budget, rpc_servers,
               rpc_key_file, ours_opt,
               stock_opt, ours_lib, stock_lib, json_out, plot_out, seed, timeout, no_warm_cache,
               mtp, text_file, no_warm_load):
     """Prefill/decode tok/s, time to first token, load time and peak RSS of MODEL (a GGUF).
 
     Each run is a fresh process; with --compare-stock, ours and stock alternate and the
-    table shows median [min-max] and the ratio ours/stock. Never a pass/fail test."""
+    table shows median [min-max] and the ratio ours/stock; --compare-ik DIR adds an ik_llama.cpp
+    build the same way (ratio ours/ik). Never a pass/fail test."""
     if pp < 1 or tg < 1 or repeat < 1 or ctx_depth < 0:
         raise click.BadParameter("--pp, --tg and --repeat must be positive, --ctx-depth >= 0")
     if plot_out:
@@ -71,7 +76,7 @@ def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_at
         if flash_attn != "default":
             common["flash_attn"] = flash_attn == "on"
         res = bench(model, pp=pp, tg=tg, threads=threads, repeat=repeat, ctx_depth=ctx_depth,
-                    compare_stock=compare_stock, opts=common,
+                    compare_stock=compare_stock, compare_ik=compare_ik, ik_flags=ik_flags, opts=common,
                     ours_opts={**({"mem_budget": mem_budget} if mem_budget else {}),
                                **({"rpc_servers": rpc_servers} if rpc_servers else {}),
                                **({"rpc_key_file": str(Path(rpc_key_file).resolve())} if rpc_key_file else {}),
@@ -89,6 +94,10 @@ def bench_cmd(model, pp, tg, threads, repeat, ctx_depth, compare_stock, flash_at
         raise
     click.echo(format_table(res))
     for e, d in res["engines"].items():
+        if d.get("ik_settings") is not None or e == "ik":
+            click.echo(f"{e}: {d['library']} (ik_llama.cpp {(d.get('ik_settings') or {}).get('build_commit', '?')}, "
+                       f"flags {' '.join(res['settings'].get('ik_flags', []))})")
+            continue
         click.echo(f"{e}: {d['library']} ({'patched: ' + d['build_info'] if d['patched'] else 'not patched'})"
                    + (f", AMX {d['amx']}" if d.get("amx") else ""))
     if json_out:

@@ -1,5 +1,6 @@
 """`deepseek-cpu bench`: prefill / decode speed, time to first token, load time and peak
-RSS of our engine, optionally side by side with stock llama.cpp (`--compare-stock`).
+RSS of our engine, optionally side by side with stock llama.cpp (`--compare-stock`) and with an
+ik_llama.cpp build (`--compare-ik DIR`, tools/ik_bench.py).
 
     deepseek-cpu bench model.gguf --pp 512 --tg 128 --repeat 3 --compare-stock --json out.json --plot out.png
 
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import ik_bench
 from .bench_report import METRICS, format_table, metric_label, plot
 
 # the face of bench: the run, and its report's names (imported from here by the command and benchmarks/)
@@ -35,6 +37,7 @@ __all__ = ["SCHEMA", "METRICS", "bench", "run_once", "ours_lib_dir", "summarize"
            "plot"]
 
 SCHEMA = "deepseek-cpu-bench/1"
+IK_ENGINE = "ik"  # ik_llama.cpp's llama-bench (bench --compare-ik DIR)
 MTP_ENGINE = "ours+mtp"  # ours with MTP drafts (bench --mtp): the same library, Llama(mtp=N)
 # bench --mtp's default text: drafts are judged on text, not on random token ids; code and prose
 # as DeepSeek's users send (the trained test models learnt Python's standard library)
@@ -174,11 +177,14 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
           ctx_depth: int = 4096, compare_stock: bool = False, opts: dict | None = None,
           ours_opts: dict | None = None, stock_opts: dict | None = None, ours_lib: str | None = None,
           stock_lib: str | None = None, seed: int = 0, timeout: float = 3600, warm_cache: bool = True,
-          warm_load: bool = True, mtp: int = 0, text: str | None = None, log=None) -> dict:
+          warm_load: bool = True, mtp: int = 0, text: str | None = None, compare_ik: str | None = None,
+          ik_flags: str | None = None, log=None) -> dict:
     """Run the benchmark (see the module docstring); returns the JSON-ready result.
 
     mtp: N > 0 adds the engine "ours+mtp" (ours with N MTP drafts a step), and every engine also
-    generates tg tokens greedily after `text` (default: MTP_TEXT); ours+mtp measures only that."""
+    generates tg tokens greedily after `text` (default: MTP_TEXT); ours+mtp measures only that.
+    compare_ik: an ik_llama.cpp bin directory: adds the engine "ik" (its llama-bench, run with
+    ik_flags, default ik_bench.IK_DEFAULT_FLAGS), alternated with the others."""
     from ..runtime.resources import default_threads
     if log is None:
         def log(msg, nl=True):
@@ -193,6 +199,9 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         else:
             from .stock import ensure_stock_build
             libs["stock"] = ensure_stock_build(progress=True)
+    if compare_ik:
+        libs[IK_ENGINE] = ik_bench.ik_bench_path(compare_ik)
+        ik_argv = ik_bench.parse_flags(ik_flags)
     spec = {"model": os.path.abspath(model), "pp": pp, "tg": tg, "ctx_depth": ctx_depth, "threads": threads,
             "n_ctx": n_ctx, "seed": seed}
     per_engine_opts = {"ours": {**(opts or {}), **(ours_opts or {})}, "stock": {**(opts or {}), **(stock_opts or {})}}
@@ -204,7 +213,8 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         engine_spec[MTP_ENGINE] = {"text_only": True}
     result = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": _gguf_info(model),
               "settings": {**spec, "repeat": repeat, "warm_load": warm_load, "mtp": mtp,
-                           "opts": {e: per_engine_opts[e] for e in libs}},
+                           "opts": {e: per_engine_opts[e] for e in libs if e != IK_ENGINE},
+                           **({"ik_flags": ik_argv} if compare_ik else {})},
               "host": _host(), "engines": {}}
     if "stock" in libs and (libs["stock"].parent / "stock.json").is_file():
         built = json.loads((libs["stock"].parent / "stock.json").read_text())
@@ -215,13 +225,21 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         s = warm_page_cache(model)
         log(f"read {model} once into the page cache ({s:.1f} s)")
     runs: dict[str, list] = {e: [] for e in libs}
+
+    def run(e, lib, s):
+        if e == IK_ENGINE:
+            return ik_bench.run_once(lib, s, ik_argv, timeout)
+        return run_once(e, lib, {**s, "opts": per_engine_opts[e]}, timeout)
     if warm_load:
         result["warm_loads"] = {}
         for e, lib in libs.items():
             log(f"untimed load {e:5s} ...", nl=False)
-            res = run_once(e, lib, {**spec, "opts": per_engine_opts[e], "load_only": True, "text": None}, timeout)
+            # ik's llama-bench has no load-only mode: a 16-token prompt and one decoded token
+            res = run(e, lib, {**spec, "load_only": True, "text": None}
+                      | ({"pp": 16, "tg": 1, "ctx_depth": 0} if e == IK_ENGINE else {}))
             result["warm_loads"][e] = res
-            log(f" {res['load_s']:.1f} s" if res.get("ok") else f" FAILED: {res.get('error')}")
+            took = res.get("load_s", res.get("wall_s", 0))
+            log(f" {took:.1f} s" if res.get("ok") else f" FAILED: {res.get('error')}")
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # our own previous run keeps the 1-minute load average near `threads` for a while; above
     # the CPU count, something else is competing for the cores
@@ -235,7 +253,7 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
                 log(f"warning: load average {load:.1f} on {ncpu} CPUs: other processes compete, "
                     f"numbers will be noisy")
             log(f"run {r + 1}/{repeat} {e:5s} ...", nl=False)
-            res = run_once(e, lib, {**spec, **engine_spec[e], "opts": per_engine_opts[e]}, timeout)
+            res = run(e, lib, {**spec, **engine_spec.get(e, {})})
             res["load_avg_before"] = load
             runs[e].append(res)
             if res.get("ok"):
@@ -246,7 +264,9 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
                     ("tg_text_tok_s", f" text tg {res.get('tg_text_tok_s') or 0:.2f} tok/s,"),
                     ("mtp_acceptance", f" drafts kept {100 * (res.get('mtp_acceptance') or 0):.0f}%,"))
                     if res.get(key) is not None)
-                msg += f" load {res['load_s']:.1f} s, peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB"
+                if res.get("load_s") is not None:
+                    msg += f" load {res['load_s']:.1f} s,"
+                msg += f" peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB"
             else:
                 msg = f" FAILED: {res.get('error')}\n    " + "\n    ".join(res.get("stderr_tail", [])[-6:])
             log(msg)
@@ -254,13 +274,14 @@ def bench(model: str, pp: int = 512, tg: int = 128, threads: int | None = None, 
         ok = [x for x in runs[e] if x.get("ok")]
         first = ok[0] if ok else {}
         result["engines"][e] = {
-            "library_dir": str(lib), "library": first.get("library"), "build_info": first.get("build_info"),
+            "library_dir": str(lib), "library": first.get("library") or (str(lib) if e == IK_ENGINE else None),
+            "build_info": first.get("build_info"), "ik_settings": first.get("ik_settings"),
             "patched": bool(first.get("build_info")), "amx": first.get("amx"), "flash_attn_type": first.get("flash_attn_type"),
             "n_ctx": first.get("n_ctx"), "system_info": first.get("system_info"),
             "runs": [{k: v for k, v in x.items() if k not in ("system_info", "library", "build_info", "amx")} for x in runs[e]],
             "summary": summarize(runs[e]),
         }
-    for a, b in (("ours", "stock"), (MTP_ENGINE, "ours")):
+    for a, b in (("ours", "stock"), ("ours", IK_ENGINE), (MTP_ENGINE, "ours")):
         if a in result["engines"] and b in result["engines"]:
             sa, sb = result["engines"][a]["summary"], result["engines"][b]["summary"]
             result[f"ratios_{a.replace('+', '_')}_over_{b}"] = {m: sa[m]["median"] / sb[m]["median"]

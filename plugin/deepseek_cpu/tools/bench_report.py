@@ -22,7 +22,7 @@ METRICS = {
 
 
 # result keys of the ratio columns: ratios_A_over_B -> "A/B" (metric -> median A / median B)
-RATIOS = ("ratios_ours_over_stock", "ratios_ours_mtp_over_ours")
+RATIOS = ("ratios_ours_over_stock", "ratios_ours_over_ik", "ratios_ours_mtp_over_ours")
 
 
 def _fmt(m: str, v: float) -> str:
@@ -86,7 +86,7 @@ def plot(result: dict, out: str) -> None:
     speed = [m for m in ("pp_tok_s", "tg_tok_s", "tg_depth_tok_s") if any(m in result["engines"][e]["summary"] for e in engines)]
     other = [m for m in ("ttft_s", "load_s", "peak_rss_bytes") if any(m in result["engines"][e]["summary"] for e in engines)]
     fig, axes = plt.subplots(1, len(speed) + len(other), figsize=(3.0 * (len(speed) + len(other)), 4.2))
-    colors = {"ours": "#2b7bba", "stock": "#999999"}
+    colors = {"ours": "#2b7bba", "stock": "#999999", "ik": "#d9822b"}
     for ax, m in zip(axes, speed + other):
         meds, lo, hi = [], [], []
         for e in engines:
@@ -99,9 +99,10 @@ def plot(result: dict, out: str) -> None:
         ax.set_title(metric_label(m, st), fontsize=9)
         for i, v in enumerate(meds):
             ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
-        r = result.get("ratios_ours_over_stock", {}).get(m)
-        if r:
-            ax.set_xlabel(f"ours/stock {r:.2f}x", fontsize=8)
+        ratios = [f"ours/{b} {result[f'ratios_ours_over_{b}'][m]:.2f}x" for b in ("stock", "ik")
+                  if result.get(f"ratios_ours_over_{b}", {}).get(m)]
+        if ratios:
+            ax.set_xlabel(", ".join(ratios), fontsize=8)
     name = result["model"].get("name") or Path(result["model"]["path"]).name
     fig.suptitle(f"{name} ({Path(result['model']['path']).name}, {result['model']['size_bytes'] / 2**30:.2f} GiB), "
                  f"{st['threads']} threads, median of {st['repeat']}", fontsize=10)

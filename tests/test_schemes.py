@@ -358,3 +358,30 @@ def test_convert_quant_of_an_int4_checkpoint_requantizes_its_floats(tmp_path):
     assert n_moe > 0 and len(exps) == 3 * n_moe, sorted(exps)
     assert set(exps.values()) <= {Q.Q4_0, Q.Q5_0, Q.Q8_0}, exps
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+def test_row_fallbacks_are_llama_quantizes():
+    """Where a type's block does not fit a row, llama.cpp's quantizer takes another type
+    (tensor_type_fallback in src/llama-quant.cpp of the pinned source); the sizes and types our
+    schemes predict use the same table, read here from that source."""
+    import re
+
+    from conftest import llama_cpp_source_dir
+    from deepseek_cpu.quantization.schemes import _FALLBACK
+    src = llama_cpp_source_dir()
+    if src is None:
+        pytest.skip("not applicable: the pinned llama.cpp source is not unpacked")
+    text = (src / "src" / "llama-quant.cpp").read_text()
+    body = text[text.index("tensor_type_fallback("):]
+    body = body[:body.index("default:")]
+    upstream, cases = {}, []
+    for m in re.finditer(r"case GGML_TYPE_(\w+):\s*(?:return_type = GGML_TYPE_(\w+);)?", body):
+        cases.append(m.group(1))
+        if m.group(2):
+            upstream.update({c: m.group(2) for c in cases})
+            cases = []
+    assert upstream["IQ3_XXS"] == "IQ4_NL" and upstream["Q6_K"] == "Q8_0"  # the parse found them
+    # types gguf-py does not know (Q2_0, ternary) are in no scheme
+    known = {gguf.GGMLQuantizationType[t]: gguf.GGMLQuantizationType[f] for t, f in upstream.items()
+             if t in gguf.GGMLQuantizationType.__members__}
+    assert len(known) >= 14 and {t: _FALLBACK.get(t) for t in known} == known

@@ -25,8 +25,11 @@ from .types import QUANT_TYPES
 Q = gguf.GGMLQuantizationType
 UNQUANTIZED = (Q.F32, Q.F16, Q.BF16)
 # tensor_type_fallback: a row that does not fill whole blocks takes a 32-wide type
-_FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
-             Q.IQ4_XS: Q.IQ4_NL}
+_FALLBACK = {Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.TQ1_0: Q.Q4_0, Q.TQ2_0: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1,
+             Q.Q6_K: Q.Q8_0,
+             # llama-quant.cpp's tensor_type_fallback: the i-quants of 256-weight blocks take IQ4_NL
+             **{t: Q.IQ4_NL for t in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S,
+                                      Q.IQ4_XS)}}
 # base types whose per-tensor recipe tensor_type() reproduces; for the others (q2_k, q3_k_*,
 # iq4_*) llama.cpp gives some tensors other types and the prediction is approximate
 RECIPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",

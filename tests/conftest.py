@@ -12,7 +12,7 @@ from fixture_paths import FIXTURES, REPO, cached_sdist, checkpoint_names, fixtur
 
 # a fixture's files: fixture_dir(name), never FIXTURES / name (v2_group is package data)
 # the V2 / V3 / V3.2 fixtures (converters/deepseek.py); DeepSeek-V4's have their own tests (test_deepseek_v4.py)
-V4_CHECKPOINTS = ["v4_flash"]
+V4_CHECKPOINTS = ["v4_flash", "trained_v4"]
 CHECKPOINTS = [n for n in checkpoint_names() if n not in V4_CHECKPOINTS]
 
 # the test suite runs on 2-core machines; keep llama.cpp from oversubscribing

@@ -224,7 +224,8 @@ def ik_form(src: Path, dst: Path) -> Path:
 
 def _run(cmd: list, log: Path) -> str:
     t = time.perf_counter()
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    # in the logs' directory: ik's tools write llama.log / main.log into their working directory
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=log.parent)
     log.write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
     if p.returncode != 0:
         raise SystemExit(f"{Path(str(cmd[0])).name} failed ({p.returncode}), see {log}:\n" + p.stderr[-2000:])
@@ -252,6 +253,7 @@ def _ik_kld(text: str) -> dict:
 def measure_ik(ik: Path, ref: Path, a, recipes: dict, d: Path):
     """(name, recipe, file, KLD statistics) of each ik recipe: its imatrix, quantizer and
     llama-perplexity on the ik form of our f32 conversion `ref`."""
+    ik = ik.resolve()
     logs = d / "ik-logs"
     logs.mkdir(exist_ok=True)
     ik_ref = ik_form(ref, d / "ik-f32.gguf")
@@ -296,8 +298,9 @@ def main() -> None:
     from deepseek_cpu.quantization.quantize import quantize
     from deepseek_cpu.quantization.registry import schemes
     from deepseek_cpu.commands.quantize import reference_bits_per_weight
-    d = a.dir
+    d = a.dir.resolve()
     d.mkdir(parents=True, exist_ok=True)
+    a.calibration, a.text = Path(a.calibration).resolve(), Path(a.text).resolve()
     if a.outliers:
         sys.path.insert(0, str(REPO / "tests" / "fixtures"))
         from outlier_channels import amplify_checkpoint

@@ -68,6 +68,12 @@ def _fits(t: gguf.GGMLQuantizationType, ne0: int) -> gguf.GGMLQuantizationType:
     return t
 
 
+def _kept(name: str, shape: tuple[int, ...], converter_type: gguf.GGMLQuantizationType) -> bool:
+    """Whether llama.cpp's quantizer leaves the tensor in f32 whatever the scheme (norms, the
+    router, biases: what the converter writes in f32, and every 1-D tensor)."""
+    return converter_type == Q.F32 or len(shape) < 2 or not name.endswith("weight")
+
+
 def recipe_type(base: str, name: str, ne0: int, n_layer: int) -> gguf.GGMLQuantizationType:
     """llama.cpp's type for tensor `name` (rows of ne0) in file type `base`, no override
     (n_expert is never 8 for DeepSeek, there is no attn_v / attn_kv_b, no imatrix)."""
@@ -119,8 +125,14 @@ class Scheme:
 
     @property
     def exact_prediction(self) -> bool:
-        """Whether tensor_type() is exactly what llama.cpp writes (see RECIPES)."""
+        """Whether tensor_type() is exactly what llama.cpp writes for every tensor (see RECIPES)."""
         return self.base in RECIPES
+
+    def predicts(self, name: str, shape: tuple[int, ...], converter_type: gguf.GGMLQuantizationType = Q.F16) -> bool:
+        """Whether tensor_type() is exactly llama.cpp's choice for this tensor: one it leaves alone,
+        a base whose recipe is imitated, or a rule that names the type (llama.cpp's overrides win
+        over its recipe), as every tensor of a DeepSeek-V2/V3 file has in the DeepSeek mixes."""
+        return _kept(name, shape, converter_type) or self.exact_prediction or self.rule_for(name) is not None
 
     def rule_for(self, name: str, overrides: tuple[tuple[str, str], ...] = ()) -> str | None:
         for pattern, tname in (*overrides, *self.rules):
@@ -133,7 +145,7 @@ class Scheme:
                     overrides: tuple[tuple[str, str], ...] = ()) -> gguf.GGMLQuantizationType:
         """The type tensor `name` (numpy-order `shape`) gets. `converter_type` is the converter's
         own choice (f32 for norms, the router and biases: llama.cpp leaves those alone)."""
-        if converter_type == Q.F32 or len(shape) < 2 or not name.endswith("weight"):
+        if _kept(name, shape, converter_type):
             return Q.F32
         default = QUANT_TYPES[self.base].ggml_type
         if default in UNQUANTIZED:  # llama.cpp applies overrides only in a quantized file type

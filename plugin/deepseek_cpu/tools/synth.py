@@ -71,15 +71,12 @@ ROUTING_KEY = "deepseek_cpu.synth.routing"  # what the routers were made to do (
 # ------------------------------------------------------------------------------------
 
 def synth_scheme(name: str):
-    """A registered scheme synth can write: every type it gives must have random blocks here."""
+    """A registered scheme by name (synth_plan checks that it predicts every tensor's type)."""
     from ..quantization import registry
     try:
         scheme = registry.get(name)
     except registry.UnknownScheme as e:
         raise SynthError(str(e)) from None
-    if not scheme.exact_prediction:
-        raise SynthError(f"synth cannot imitate {name}: llama.cpp's recipe for {scheme.base} is not "
-                         f"reproduced (schemes based on {', '.join(RECIPES)} are)")
     return scheme
 
 
@@ -118,6 +115,10 @@ def synth_plan(shape: str, quant: str, layers: int | None = None):
     n_layer = cfg["num_hidden_layers"] + getattr(conv, "n_mtp", 0)
     out = []
     for p in specs:
+        if not scheme.predicts(p.name, p.shape, p.qtype(Q.F16)):
+            raise SynthError(f"synth cannot imitate {quant} on {shape}: llama.cpp's recipe for {scheme.base} is not "
+                             f"reproduced (schemes based on {', '.join(RECIPES)} are) and no rule of {quant} "
+                             f"names a type for {p.name}")
         qt = scheme.tensor_type(p.name, p.shape, n_layer, p.qtype(Q.F16))
         if qt not in SCALE_FIELDS and qt not in UNQUANTIZED:
             raise SynthError(f"synth has no random blocks for {qt.name} ({p.name} in {quant})")

@@ -8,9 +8,12 @@
 //   OMP_NUM_THREADS=2 /tmp/gemv_stream q4_0x8 2048 1408 400    # 400 MB from DRAM on two threads
 //
 // TYPE: q4_0x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group)
-// or q8_0 / q5_0 / q4_0 / q6_K (plain rows, R rows per matrix, handed out in chunks of 64 rows).
+// or q8_0 / q5_0 / q4_0 / q6_K / q3_K / q2_K (plain rows, R rows per matrix, handed out in chunks of 64 rows),
+// or vd:NAME (any ggml type, e.g. vd:q3_K, vd:iq2_s: the row-by-row vec_dot the CPU backend's type
+// table names, on one matrix of real quantized Gaussian weights repeated to fill MB).
 // LIB: the engine's lib directory (e.g. .venv/lib/python3.11/site-packages/deepseek_cpu/lib).
 // The AMX Xeon guest, 2 threads, 400 MB: q4_0x8 ~24 GB/s without 0059's prefetch, 24-30 with it.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,13 +29,79 @@ namespace ggml { namespace cpu { namespace repack {
 template <typename BLOC_TYPE, long INTER_SIZE, long NB_COLS, ggml_type PARAM_TYPE>
 void gemv(int, float *, size_t, const void *, const void *, int, int);
 }}}
+// weak: a build without a kernel (AVX2 builds have no q6_K GEMV) still links, and says so below
 extern "C" {
-void ggml_dsc_gemv_q8_0_q8_0(int, int, float *, const void *, size_t, const void *);
-void ggml_dsc_gemv_q5_0_q8_0(int, int, float *, const void *, size_t, const void *);
-void ggml_dsc_gemv_q4_0_q8_0(int, int, float *, const void *, size_t, const void *);
-void ggml_dsc_gemv_q6_K_q8_K(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q8_0_q8_0(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q5_0_q8_0(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q4_0_q8_0(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q6_K_q8_K(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q3_K_q8_K(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_q2_K_q8_K(int, int, float *, const void *, size_t, const void *);
 }
 typedef void (*plain_gemv)(int, int, float *, const void *, size_t, const void *);
+
+// ggml's C API for the vd: types (declared here as above, so this file needs no headers)
+typedef void (*vec_dot_fn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
+typedef void (*from_float_fn)(const float *, void *, int64_t);
+struct type_traits_cpu { from_float_fn from_float; vec_dot_fn vec_dot; int vec_dot_type; int64_t nrows; };
+extern "C" {
+const type_traits_cpu * ggml_get_type_traits_cpu(int type);
+const char * ggml_type_name(int type);
+size_t ggml_row_size(int type, int64_t ne);
+size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,
+                           int64_t n_per_row, const float * imatrix);
+void ggml_cpu_init(void);
+}
+
+static double now();
+
+// vd:NAME: one matrix quantized from Gaussian weights (an imatrix of ones: the 2-bit i-quants need
+// one), copied until MB is filled, rows handed out 64 at a time to the type's own vec_dot.
+static int run_vec_dot(const char * name, int n, long rows, double mb) {
+    ggml_cpu_init();
+    int type = -1;
+    for (int t = 0; t < 64 && type < 0; t++) {
+        const char * tn = ggml_type_name(t);
+        if (tn && !strcmp(tn, name)) type = t;
+    }
+    const type_traits_cpu * tr = type >= 0 ? ggml_get_type_traits_cpu(type) : nullptr;
+    if (!tr || !tr->vec_dot) { fprintf(stderr, "no CPU vec_dot for type %s\n", name); return 2; }
+    const size_t row_bytes = ggml_row_size(type, n), mat = row_bytes * rows;
+    const long nm = mb * 1e6 / mat > 1 ? (long) (mb * 1e6 / mat) : 1;
+    std::vector<float> f((size_t) n * rows), ones(n, 1.0f);
+    unsigned x = 12345;
+    for (auto & v : f) {  // Box-Muller from an LCG: Gaussian weights, as trained ones roughly are
+        x = x * 1664525u + 1013904223u; const double u1 = (x >> 8) / 16777216.0 + 1e-9;
+        x = x * 1664525u + 1013904223u; const double u2 = (x >> 8) / 16777216.0;
+        v = (float) (0.02 * sqrt(-2 * log(u1)) * cos(6.283185307 * u2));
+    }
+    std::vector<uint8_t> w(nm * mat);
+    ggml_quantize_chunk(type, f.data(), w.data(), 0, rows, n, ones.data());
+    for (long m = 1; m < nm; m++) memcpy(w.data() + m * mat, w.data(), mat);
+    std::vector<float> a(n);
+    for (int i = 0; i < n; i++) a[i] = f[i] * 50;
+    std::vector<uint8_t> y(ggml_row_size(tr->vec_dot_type, n));
+    ggml_get_type_traits_cpu(tr->vec_dot_type)->from_float(a.data(), y.data(), n);
+    std::vector<float> s(nm * rows);
+    const int nt = omp_get_max_threads();
+    const int iters = mb < 10 ? 200 : 3;
+    for (int rep = 0; rep < 5; rep++) {
+        const double t0 = now();
+        for (int it = 0; it < iters; it++) {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (long c = 0; c < nm * rows; c += 64) {
+                const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
+                for (long r = 0; r < m; r++) {
+                    tr->vec_dot(n, &s[c + r], 0, w.data() + (c + r) * row_bytes, 0, y.data(), 0, 1);
+                }
+            }
+        }
+        const double dt = now() - t0;
+        printf("%s n=%d rows=%ld x %ld matrices, %d threads: %.2f GB/s (%.3f bits/weight)\n", name, n, rows, nm, nt,
+               nm * mat * (double) iters / dt / 1e9, 8.0 * row_bytes / n);
+    }
+    return 0;
+}
 
 static double now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
@@ -45,6 +114,7 @@ int main(int argc, char ** argv) {
     const int n = atoi(argv[2]);
     const long rows = atol(argv[3]);
     const double mb = atof(argv[4]);
+    if (!strncmp(ty, "vd:", 3)) return run_vec_dot(ty + 3, n, rows, mb);
     // block geometry: values per block, bytes per block (per 8 rows for the repacked ones), and where its
     // nscale consecutive f16 scales start
     int qk = 32, bsz = 0, nscale = 1, sc_off = 0;
@@ -56,7 +126,11 @@ int main(int argc, char ** argv) {
     else if (!strcmp(ty, "q5_0"))   { bsz = 22; plain = ggml_dsc_gemv_q5_0_q8_0; }
     else if (!strcmp(ty, "q4_0"))   { bsz = 18; plain = ggml_dsc_gemv_q4_0_q8_0; }
     else if (!strcmp(ty, "q6_K"))   { qk = 256; bsz = 210; sc_off = 208; plain = ggml_dsc_gemv_q6_K_q8_K; k_col = true; }
+    else if (!strcmp(ty, "q3_K"))   { qk = 256; bsz = 110; sc_off = 108; plain = ggml_dsc_gemv_q3_K_q8_K; k_col = true; }
+    else if (!strcmp(ty, "q2_K"))   { qk = 256; bsz = 84; nscale = 2; sc_off = 80; plain = ggml_dsc_gemv_q2_K_q8_K; k_col = true; }
     else { fprintf(stderr, "unknown TYPE %s\n", ty); return 2; }
+    const bool repacked = !strcmp(ty, "q4_0x8") || !strcmp(ty, "q4_Kx8");
+    if (!repacked && !plain) { fprintf(stderr, "no %s GEMV in this build\n", ty); return 2; }
     if (n % qk != 0 || (!plain && rows % 8 != 0)) { fprintf(stderr, "N must be a multiple of %d (ROWS of 8)\n", qk); return 2; }
 
     const size_t row_bytes = (size_t) n / qk * bsz / (plain ? 1 : 8);

@@ -293,9 +293,10 @@ static int check_mm_plain(std::mt19937 & rng, ggml_type t) {
 }
 
 // deepseek-cpu: one token times q4_0, q5_0 or q8_0 weights (decode: a Q4_K_M DeepSeek-V2-Lite's expert
-// down-projections, attn_k_b's 16 planes, the dense layer-0 ffn_down; a Q4_0 file's attn_k_b and attn_v_b)
+// down-projections, attn_k_b's 16 planes, the dense layer-0 ffn_down; a Q4_0 file's attn_k_b and attn_v_b),
+// q6_K (the output head) or q3_K / q2_K (ds-q3 and ds-q2 experts in the plain buffer)
 // goes through the x86 multi-row GEMV, which must give bit for bit what reference mode (use_ref: one
-// ggml_vec_dot_q4_0_q8_0 / ggml_vec_dot_q5_0_q8_0 / ggml_vec_dot_q8_0_q8_0 per row) gives. Shapes: plain 2D, per-plane 3D (one src1 row per plane),
+// ggml_vec_dot_<type>_q8_0 or _q8_K per row) gives. Shapes: plain 2D, per-plane 3D (one src1 row per plane),
 // MUL_MAT_ID with one token (broadcast and per-slot src1); k up to past the GEMV's 512-block limit, where
 // it declines and vec_dot runs.
 static int check_gemv_bit_identical(std::mt19937 & rng, ggml_type t) {
@@ -783,6 +784,8 @@ int main() {
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q5_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q8_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q6_K);
+    n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q3_K);
+    n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q2_K);
     n_fail += check_few_rows_bit_identical(rng, repack_buft);
     n_fail += check_few_cols_q6_K(rng);
     n_fail += check_amx_bit_identical(rng, repack_buft);

@@ -55,6 +55,15 @@ void ggml_cpu_init(void);
 
 static double now();
 
+// five timed runs of `iters` calls of body(), each printed as "HEAD: X GB/s TAIL" for `bytes` read per call
+template <class F> static void timed_reps(int iters, double bytes, const char * head, const char * tail, F body) {
+    for (int rep = 0; rep < 5; rep++) {
+        const double t0 = now();
+        for (int it = 0; it < iters; it++) body();
+        printf("%s: %.2f GB/s%s\n", head, bytes * iters / (now() - t0) / 1e9, tail);
+    }
+}
+
 // vd:NAME: one matrix quantized from Gaussian weights (an imatrix of ones: the 2-bit i-quants need
 // one), copied until MB is filled, rows handed out 64 at a time to the type's own vec_dot.
 static int run_vec_dot(const char * name, int n, long rows, double mb) {
@@ -83,23 +92,18 @@ static int run_vec_dot(const char * name, int n, long rows, double mb) {
     std::vector<uint8_t> y(ggml_row_size(tr->vec_dot_type, n));
     ggml_get_type_traits_cpu(tr->vec_dot_type)->from_float(a.data(), y.data(), n);
     std::vector<float> s(nm * rows);
-    const int nt = omp_get_max_threads();
-    const int iters = mb < 10 ? 200 : 3;
-    for (int rep = 0; rep < 5; rep++) {
-        const double t0 = now();
-        for (int it = 0; it < iters; it++) {
+    char head[160], tail[48];
+    snprintf(head, sizeof head, "%s n=%d rows=%ld x %ld matrices, %d threads", name, n, rows, nm, omp_get_max_threads());
+    snprintf(tail, sizeof tail, " (%.3f bits/weight)", 8.0 * row_bytes / n);
+    timed_reps(mb < 10 ? 200 : 3, (double) nm * mat, head, tail, [&] {
 #pragma omp parallel for schedule(dynamic, 1)
-            for (long c = 0; c < nm * rows; c += 64) {
-                const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
-                for (long r = 0; r < m; r++) {
-                    tr->vec_dot(n, &s[c + r], 0, w.data() + (c + r) * row_bytes, 0, y.data(), 0, 1);
-                }
+        for (long c = 0; c < nm * rows; c += 64) {
+            const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
+            for (long r = 0; r < m; r++) {
+                tr->vec_dot(n, &s[c + r], 0, w.data() + (c + r) * row_bytes, 0, y.data(), 0, 1);
             }
         }
-        const double dt = now() - t0;
-        printf("%s n=%d rows=%ld x %ld matrices, %d threads: %.2f GB/s (%.3f bits/weight)\n", name, n, rows, nm, nt,
-               nm * mat * (double) iters / dt / 1e9, 8.0 * row_bytes / n);
-    }
+    });
     return 0;
 }
 
@@ -150,31 +154,27 @@ int main(int argc, char ** argv) {
     std::vector<float> s(nm * rows);
 
     const int nt = omp_get_max_threads();
-    const int iters = mb < 10 ? 200 : 3;
-    for (int rep = 0; rep < 5; rep++) {
-        const double t0 = now();
-        for (int it = 0; it < iters; it++) {
-            if (plain) {
+    char head[160];
+    snprintf(head, sizeof head, "%s n=%d rows=%ld x %ld matrices, %d threads", ty, n, rows, nm, nt);
+    timed_reps(mb < 10 ? 200 : 3, (double) nm * mat, head, "", [&] {
+        if (plain) {
 #pragma omp parallel for schedule(dynamic, 1)
-                for (long c = 0; c < nm * rows; c += 64) {
-                    const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
-                    plain(n, (int) m, s.data() + c, w.data() + c * row_bytes, row_bytes, y.data());
-                }
-            } else {
-                // each thread an even share of every matrix's row groups, as the engine hands them out
+            for (long c = 0; c < nm * rows; c += 64) {
+                const long m = c + 64 <= nm * rows ? 64 : nm * rows - c;
+                plain(n, (int) m, s.data() + c, w.data() + c * row_bytes, row_bytes, y.data());
+            }
+        } else {
+            // each thread an even share of every matrix's row groups, as the engine hands them out
 #pragma omp parallel for schedule(static)
-                for (long m = 0; m < nm * nt; m++) {
-                    const long mm = m / nt, part = m % nt;
-                    const long g0 = rows / 8 * part / nt, g1 = rows / 8 * (part + 1) / nt;
-                    float * dst = s.data() + mm * rows + 8 * g0;
-                    const uint8_t * src = w.data() + mm * mat + (size_t) g0 * 8 * row_bytes;
-                    if (k_col) ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
-                    else       ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
-                }
+            for (long m = 0; m < nm * nt; m++) {
+                const long mm = m / nt, part = m % nt;
+                const long g0 = rows / 8 * part / nt, g1 = rows / 8 * (part + 1) / nt;
+                float * dst = s.data() + mm * rows + 8 * g0;
+                const uint8_t * src = w.data() + mm * mat + (size_t) g0 * 8 * row_bytes;
+                if (k_col) ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                else       ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
             }
         }
-        const double dt = now() - t0;
-        printf("%s n=%d rows=%ld x %ld matrices, %d threads: %.2f GB/s\n", ty, n, rows, nm, nt, nm * mat * (double) iters / dt / 1e9);
-    }
+    });
     return 0;
 }

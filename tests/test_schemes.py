@@ -385,3 +385,21 @@ def test_row_fallbacks_are_llama_quantizes():
     known = {gguf.GGMLQuantizationType[t]: gguf.GGMLQuantizationType[f] for t, f in upstream.items()
              if t in gguf.GGMLQuantizationType.__members__}
     assert len(known) >= 14 and {t: _FALLBACK.get(t) for t in known} == known
+
+
+def test_a_type_that_does_not_fit_a_row_falls_back_and_is_named(bf16, tmp_path):
+    """ds-q3's q3_K experts on this fixture's 64-wide rows (no whole 256-value block): llama.cpp writes
+    q4_0 instead, and the command says which tensors, the row length and both types."""
+    out = tmp_path / "o.gguf"
+    r = _cli("quantize", bf16, out, "--scheme", "ds-q3", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert "fell back to another type" in r.output, r.output
+    n_layer = len({n.split(".")[1] for n in _types(out) if n.endswith("ffn_up_exps.weight")})
+    assert f"blk.*.ffn_up_exps.weight (rows of 64): q3_K -> q4_0, {n_layer} tensor" in r.output, r.output
+    assert {v for n, v in _types(out).items() if "_exps" in n} == {Q.Q4_0}
+    # rows too short even for a 32-value block go to f16 (llama.cpp's "must use F16" line)
+    r = _cli("quantize", bf16, tmp_path / "q8.gguf", "--scheme", "q8_0", "--quiet")
+    assert r.exit_code == 0, r.output
+    f16 = [n for n, v in _types(tmp_path / "q8.gguf").items() if v == Q.F16]
+    assert f16 and all(re.search(rf"{re.escape(re.sub(r'^blk[.][0-9]+[.]', 'blk.*.', n))} \(rows of \d+\): q8_0 -> f16",
+                                 r.output) for n in f16), (f16, r.output)

@@ -70,6 +70,9 @@ def quantize_cmd(src, out, scheme, imatrix, tensor_types, allow_requantize, thre
     types = ", ".join(f"{n} {t}" for t, n in sorted(r.types.items(), key=lambda kv: -kv[1]))
     click.echo(f"wrote {r.path} ({r.size / 2**20:.1f} MiB, {r.scheme}, {r.bits_per_weight:.2f} bits/weight; "
                f"tensors: {types}) in {r.seconds:.1f} s")
+    if r.fallbacks:
+        click.echo(f"{len(r.fallbacks)} kind(s) of tensor fell back to another type (rows not whole blocks of the "
+                   f"scheme's):\n  " + "\n  ".join(r.fallbacks))
 
 
 @click.command("imatrix")

@@ -41,6 +41,9 @@ class QuantizeResult:
     size: int                       # bytes of the file
     types: dict[str, int]           # GGML type -> number of tensors
     seconds: float
+    # tensors whose rows are not whole blocks of the scheme's type, as llama.cpp reported them, one line
+    # per kind: "blk.*.ffn_down_exps.weight (rows of 1408): q3_K -> q4_0, 26 tensors"
+    fallbacks: tuple[str, ...] = ()
 
 
 def parse_tensor_types(specs) -> tuple[tuple[str, str], ...]:
@@ -177,7 +180,22 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Schem
         llog.setLevel(level)
         tmp.unlink(missing_ok=True)
     bpw, types = written_types(out)
-    return QuantizeResult(out, sch.name, bpw, out.stat().st_size, types, time.time() - t0)
+    return QuantizeResult(out, sch.name, bpw, out.stat().st_size, types, time.time() - t0,
+                          fallbacks(sink.text()))
+
+
+# llama-quant.cpp's tensor_type_fallback warning, e.g.
+#   warning: blk.1.ffn_down_exps.weight - ncols   1408 not divisible by 256 (required for type    q3_K) -> falling back to    q4_0
+_FALLBACK_LINE = re.compile(r"warning: (\S+)\s+- ncols\s+(\d+) not divisible by\s+\d+ \(required for type\s+(\w+)\) "
+                            r"(?:\(WARNING: must use F16 due to unusual shape\) )?-> falling back to\s+(\w+)")
+
+
+def fallbacks(log: str) -> tuple[str, ...]:
+    """The quantizer's per-tensor fallbacks in `log`, grouped by tensor (any layer), row length and types."""
+    kinds = Counter((re.sub(r"^blk\.\d+\.", "blk.*.", m[1]), int(m[2]), m[3], m[4])
+                    for m in _FALLBACK_LINE.finditer(log))
+    return tuple(f"{name} (rows of {ncols}): {want} -> {got}, {n} tensor{'s' * (n > 1)}"
+                 for (name, ncols, want, got), n in sorted(kinds.items()))
 
 
 def written_types(path: str | os.PathLike) -> tuple[float, dict[str, int]]:

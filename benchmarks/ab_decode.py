@@ -5,7 +5,7 @@ environment settings, so one build can be compared with itself under a switch
 (`--env-a DEEPSEEK_CPU_MQA_FA=0`) as well as with another build (`--lib-a /tmp/lib-old`).
 Each run is a fresh process that loads MODEL, prefills `--depth` random tokens once, then
 decodes `--tg` tokens one llama_decode at a time, `--reps` times, each time from the same
-depth (the decoded tokens are removed from the cache in between). Runs alternate A, B, A, B,
+depth (the decoded tokens are removed from the cache in between, where the cache can drop them). Runs alternate A, B, A, B,
 ... so slow minutes of a shared machine hit both sides.
 
     python benchmarks/ab_decode.py MODEL.gguf --depth 512 --tg 64 --pairs 3 \\
@@ -33,7 +33,7 @@ m = lc.llama_model_load_from_file(model.encode(), lc.llama_model_default_params(
 if not m:
     sys.exit("load failed")
 cp = lc.llama_context_default_params()
-cp.n_ctx = depth + tg + 16
+cp.n_ctx = depth + (reps + 1) * tg + 16
 cp.n_batch = cp.n_ubatch = min(512, max(depth, 1))
 cp.n_threads = cp.n_threads_batch = threads
 cp.flash_attn_type = fa
@@ -54,12 +54,17 @@ prompt = rng.integers(1000, 100000, size=depth)
 for p0 in range(0, depth, cp.n_batch):
     decode(prompt[p0:p0 + cp.n_batch], p0)
 out = []
+pos = depth
 for r in range(reps + 1):
-    lc.llama_memory_seq_rm(mem, 0, depth, -1)
+    # a cache that cannot drop tokens (DeepSeek-V4's compressed attention) decodes on from where the
+    # last run ended: runs are then tg tokens deeper each
+    if lc.llama_memory_seq_rm(mem, 0, depth, -1):
+        pos = depth
     toks = rng.integers(1000, 100000, size=tg)
     t = time.perf_counter()
     for j in range(tg):
-        decode(toks[j:j + 1], depth + j)
+        decode(toks[j:j + 1], pos + j)
+    pos += tg
     lc.llama_synchronize(ctx)
     if r:  # the first run warms up and is not counted
         out.append(tg / (time.perf_counter() - t))

@@ -685,6 +685,49 @@ static int check_amx_bit_identical(std::mt19937 & rng, ggml_backend_buffer_type_
     return n_fail;
 }
 
+// deepseek-cpu: the repacked 4-bit kernels keep AVX2 partial sums in int16; MXFP4's unsigned weights
+// (0 .. 24, the e2m1 table + 12) against activations of +-127 reach 8 * 2 * 24 * 127 = 48768 in eight
+// maddubs pairs, past int16, so its sums widen every four. Random weights never come near that: here
+// every weight is the largest code and every activation +-127, one token (GEMV) and 4, 8, 12 (GEMMs).
+static int check_w4_extremes(ggml_backend_buffer_type_t repack_buft) {
+    int n_fail = 0, n_run = 0;
+    for (ggml_type t : { GGML_TYPE_MXFP4, GGML_TYPE_Q4_0 }) {
+        for (float wv : { 1.0f, -1.0f }) {
+            for (float xv : { 1.0f, -1.0f }) {
+                for (int64_t tok : { 1, 4, 8, 12 }) {
+                    const mm_case c = { t, 256, 16, 0, 0, tok, false, 2 };
+                    std::vector<float> wf(c.k * c.n, wv);
+                    std::vector<uint8_t> wq(ggml_row_size(t, c.k) * c.n);
+                    ggml_quantize_chunk(t, wf.data(), wq.data(), 0, c.n, c.k, nullptr);
+                    const std::vector<float> xf(c.k * tok, xv);
+                    bool rp = false, rp_ref = false;
+                    const std::vector<float> a = run(c, repack_buft, wq, xf, {}, &rp);
+                    if (!rp) {
+                        continue;
+                    }
+                    const std::vector<float> b = run(c, ggml_backend_cpu_buffer_type(), wq, xf, {}, &rp_ref);
+                    n_run++;
+                    double max_err = 0.0, max_ref = 0.0;
+                    for (size_t i = 0; i < a.size(); ++i) {
+                        max_err = std::max(max_err, (double) std::fabs(a[i] - b[i]));
+                        max_ref = std::max(max_ref, (double) std::fabs(b[i]));
+                    }
+                    const double rel = max_err / std::max(max_ref, 1e-6);
+                    const bool ok = std::isfinite(rel) && rel < 1e-4 && max_ref > 0.0;
+                    if (!ok) {
+                        n_fail++;
+                        printf("FAIL %s extremes w=%g x=%g tok=%lld: rel err %.3g (reference %g)\n",
+                               ggml_type_name(t), wv, xv, (long long) tok, rel, max_ref);
+                    }
+                }
+            }
+        }
+    }
+    printf("test-repack-ops: largest weights x largest activations, repacked 4-bit: %d/%d agree with the plain buffer\n",
+           n_run - n_fail, n_run);
+    return n_fail;
+}
+
 int main() {
     ggml_log_set([](ggml_log_level level, const char * text, void *) {
         if (level >= GGML_LOG_LEVEL_WARN) {
@@ -708,13 +751,13 @@ int main() {
     ggml_backend_buffer_type_t cpu_buft = ggml_backend_cpu_buffer_type();
 
     std::vector<mm_case> cases;
-    for (ggml_type t : { GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL }) {
-      // q4_0 also at k = 1408 (44 blocks) and 4224 (132 blocks): the x86 q4_0 GEMM walks k in chunks of
-      // 16 blocks (8 when it takes 8 rows) and the GEMV in chunks of 128, so these cover several chunks
-      // and a partial last one; q4_K at k = 2560 (10 super-blocks) for the q4_K GEMM's chunks of 4.
-      // 12 tokens: one 8-row and one 4-row GEMM call; 7: a 4-row call and three GEMV rows
+    for (ggml_type t : { GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4 }) {
+      // q4_0 (and MXFP4, on the same kernels) also at k = 1408 (44 blocks) and 4224 (132 blocks): the x86
+      // q4_0 GEMM walks k in chunks of 16 blocks (8 when it takes 8 rows) and the GEMV in chunks of 128,
+      // so these cover several chunks and a partial last one; q4_K at k = 2560 (10 super-blocks) for the
+      // q4_K GEMM's chunks of 4. 12 tokens: one 8-row and one 4-row GEMM call; 7: a 4-row call and three GEMV rows
       const std::vector<int64_t> ks = t == GGML_TYPE_Q4_K ? std::vector<int64_t>{ 512, 2560 }
-                                    : t == GGML_TYPE_Q4_0 ? std::vector<int64_t>{ 256, 1408, 4224 }
+                                    : t == GGML_TYPE_Q4_0 || t == GGML_TYPE_MXFP4 ? std::vector<int64_t>{ 256, 1408, 4224 }
                                                           : std::vector<int64_t>{ 256 };
       for (const int64_t k : ks) {
         for (int nt : { 1, 2, 3 }) {
@@ -786,6 +829,7 @@ int main() {
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q6_K);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q3_K);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q2_K);
+    n_fail += check_w4_extremes(repack_buft);
     n_fail += check_few_rows_bit_identical(rng, repack_buft);
     n_fail += check_few_cols_q6_K(rng);
     n_fail += check_amx_bit_identical(rng, repack_buft);

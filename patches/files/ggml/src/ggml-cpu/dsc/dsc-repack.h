@@ -21,9 +21,13 @@ bool ggml_dsc_gemv_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, cons
 bool ggml_dsc_gemm_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
 bool ggml_dsc_gemv_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
 bool ggml_dsc_gemm_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
+bool ggml_dsc_gemv_mxfp4_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
+bool ggml_dsc_gemm_mxfp4_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc);
 
 // make_block_q4_0x8's AVX2 layout: qs of the 8 blocks in (scales already set) into out
 void ggml_dsc_interleave_q4_0x8_4u(const block_q4_0 * in, block_q4_0x8 * out);
+// make_block_mxfp4x8's AVX2 layout: the same interleave of the 8 blocks' nibbles (exponents already set)
+void ggml_dsc_interleave_mxfp4x8_4u(const block_mxfp4 * in, block_mxfp4x8 * out);
 // repack.cpp's make_block_q4_0x8 / make_block_q4_Kx8 (interleave 8), for the plain-buffer GEMM
 void ggml_dsc_make_block_q4_0x8(block_q4_0 * in, block_q4_0x8 * out);
 void ggml_dsc_make_block_q4_Kx8(block_q4_K * in, block_q4_Kx8 * out);

@@ -68,13 +68,24 @@ static void dsc_gather_q8_Kx4(const block_q8_K * const * rows, int nrg, int64_t 
 // (dsc/x86-repack.cpp, gemv/gemm_q4_0_8x4u_q8_0_avx2) read a 4-byte interleave of the unsigned nibbles
 // instead: qs[32 * j + 4 * c + i] = column c's qs[4 * j + i]. A 256-bit load is then 8 columns x 4 k,
 // whose maddubs sums reduce to one int32 per column in order.
-void ggml_dsc_interleave_q4_0x8_4u(const block_q4_0 * in, block_q4_0x8 * out_p) {
-    block_q4_0x8 & out = *out_p;
+// MXFP4 blocks keep their nibbles as q4_0 does (qs[i]: element i low, 16 + i high), so make_block_mxfp4x8
+// takes the same interleave.
+template <typename B, typename Bx8>
+static void ggml_dsc_interleave_4u(const B * in, Bx8 & out) {
+    static_assert(sizeof(out.qs) == 8 * sizeof(in[0].qs) && sizeof(in[0].qs) == 16, "8 blocks of 32 nibbles");
     for (int j = 0; j < 4; j++) {
         for (int c = 0; c < 8; c++) {
             memcpy(&out.qs[32 * j + 4 * c], &in[c].qs[4 * j], 4);
         }
     }
+}
+
+void ggml_dsc_interleave_q4_0x8_4u(const block_q4_0 * in, block_q4_0x8 * out_p) {
+    ggml_dsc_interleave_4u(in, *out_p);
+}
+
+void ggml_dsc_interleave_mxfp4x8_4u(const block_mxfp4 * in, block_mxfp4x8 * out_p) {
+    ggml_dsc_interleave_4u(in, *out_p);
 }
 
 // the most experts the one-token path keeps a list of (n_expert_used x tokens)

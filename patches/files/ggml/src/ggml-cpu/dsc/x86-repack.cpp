@@ -1,7 +1,7 @@
-// deepseek-cpu: the repacked q4_0 / q4_K / q6_K GEMVs and GEMMs for x86 (AVX2, AVX-512 VNNI) on the
-// layouts make_block_q4_0x8 / make_block_q4_Kx8 write on AVX2 builds (4-byte interleave) and on
-// block_q6_Kx8u. Called from the hooks at the top of ggml_gemv/gemm_q4_0_8x8_q8_0 and
-// ggml_gemv/gemm_q4_K_8x8_q8_K (arch/x86/repack.cpp) and from dsc/repack-dsc.cpp.
+// deepseek-cpu: the repacked q4_0 / q4_K / q6_K / MXFP4 GEMVs and GEMMs for x86 (AVX2, AVX-512 VNNI) on the
+// layouts make_block_q4_0x8 / make_block_mxfp4x8 / make_block_q4_Kx8 write on AVX2 builds (4-byte
+// interleave) and on block_q6_Kx8u. Called from the hooks at the top of ggml_gemv/gemm_q4_0_8x8_q8_0,
+// _mxfp4_8x8_q8_0 and _q4_K_8x8_q8_K (arch/x86/repack.cpp) and from dsc/repack-dsc.cpp.
 #define GGML_COMMON_IMPL_CPP
 #define GGML_COMMON_DECL_CPP
 #include "ggml-common.h"
@@ -49,10 +49,50 @@
 #define GGML_DSC_KEEP8(a, b, c, d, e, f, g, h)
 #endif
 
+// The two 4-bit types of this layout. q4_0: nibble q stands for q - 8, f16 column scales. MXFP4: the
+// nibble indexes llama.cpp's e2m1 table (kvalues_mxfp4, doubled values -12 .. 12, whose scale is half
+// the e8m0 one), looked up +12 so the weight is unsigned for maddubs / vpdpbusd; e8m0 column scales.
+// OFF * sum(activations) is the offset each block's sum drops. SPLIT16: eight maddubs pairs of
+// MXFP4's 0 .. 24 can reach 8 * 2 * 24 * 127 = 48768, past int16, so its AVX2 sums widen every four.
+struct ggml_dsc_w4_q4_0 {
+    using block = block_q4_0x8;
+    static constexpr int  OFF     = 8;
+    static constexpr bool SPLIT16 = false;
+    static inline __m256i val(__m256i nib) { return nib; }
+    static inline __m256  scales(const block & b) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b.d)); }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    static inline __m512i val(__m512i nib) { return nib; }
+#endif
+};
+
+struct ggml_dsc_w4_mxfp4 {
+    using block = block_mxfp4x8;
+    static constexpr int  OFF     = 12;
+    static constexpr bool SPLIT16 = true;
+    static inline __m256i lut() {
+        return _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) kvalues_mxfp4)), _mm256_set1_epi8(OFF));
+    }
+    static inline __m256i val(__m256i nib) { return _mm256_shuffle_epi8(lut(), nib); }
+    // GGML_E8M0_TO_FP32_HALF of 8 exponents: 2^(e-128), as float bits (e-1) << 23, or the denormals
+    // 0x00200000 << e for e < 2
+    static inline __m256 e8m0_half(__m128i e8) {
+        const __m256i e    = _mm256_cvtepu8_epi32(e8);
+        const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        const __m256i den  = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, den, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+    }
+    static inline __m256  scales(const block & b) { return e8m0_half(_mm_loadl_epi64((const __m128i *) b.e)); }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    static inline __m512i val(__m512i nib) {
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(lut())), nib);
+    }
+#endif
+};
+
 // The GEMMs' per-block activation prologue for the 4 rows of one block_q8_0x4, stored as rows m0 .. m0+3
 // of a k-chunk's buffers (R rows each): the 4-byte broadcasts (k-group 2j: low nibbles of weight load j,
-// 2j+1: high), 8 * sum(activations) for the unsigned-nibble offset, and the activation scales.
-template <int R>
+// 2j+1: high), OFF * sum(activations) for the unsigned-weight offset, and the activation scales.
+template <int OFF, int R>
 static inline void ggml_dsc_q4_0_prep_rows(const block_q8_0x4 & a, int m0, __m256i (&act)[8][R], __m256i (&off)[R], __m256 (&rsc)[R]) {
     const __m256i ones_u8 = _mm256_set1_epi8(1);
     const __m256i ones16  = _mm256_set1_epi16(1);
@@ -71,27 +111,28 @@ static inline void ggml_dsc_q4_0_prep_rows(const block_q8_0x4 & a, int m0, __m25
     }
     t = _mm256_hadd_epi32(t, t); // lane 0: r0 r1 r0 r1, lane 1: r2 r3 r2 r3
     const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
-    off[m0 + 0] = _mm256_set1_epi32(8 * _mm_cvtsi128_si32(lo));
-    off[m0 + 1] = _mm256_set1_epi32(8 * _mm_extract_epi32(lo, 1));
-    off[m0 + 2] = _mm256_set1_epi32(8 * _mm_cvtsi128_si32(hi));
-    off[m0 + 3] = _mm256_set1_epi32(8 * _mm_extract_epi32(hi, 1));
+    off[m0 + 0] = _mm256_set1_epi32(OFF * _mm_cvtsi128_si32(lo));
+    off[m0 + 1] = _mm256_set1_epi32(OFF * _mm_extract_epi32(lo, 1));
+    off[m0 + 2] = _mm256_set1_epi32(OFF * _mm_cvtsi128_si32(hi));
+    off[m0 + 3] = _mm256_set1_epi32(OFF * _mm_extract_epi32(hi, 1));
     for (int m = 0; m < 4; m++) {
         rsc[m0 + m] = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(a.d[m]));
     }
 }
 
-template <int NS>
-static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+template <typename W, int NS>
+static void gemv_w4_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     const int nb = n / QK8_0;
 
-    const block_q4_0x8 * b_ptr_start = (const block_q4_0x8 *) vx;
+    using block_x8 = typename W::block;
+    const block_x8     * b_ptr_start = (const block_x8     *) vx;
     const block_q8_0   * a_ptr_start = (const block_q8_0   *) vy;
 
     const __m256i m4b     = _mm256_set1_epi8(0x0F);
     const __m256i ones_u8 = _mm256_set1_epi8(1);
     const __m256i ones16  = _mm256_set1_epi16(1);
 
-    // per block of the row: -8 * sum(activations) and the activation scale, as vectors, so the column
+    // per block of the row: -OFF * sum(activations) and the activation scale, as vectors, so the column
     // loop reads them as memory operands instead of broadcasting them again for every column group
     __m256i off[GGML_DSC_Q4_0_KCV];
     __m256  rsc[GGML_DSC_Q4_0_KCV];
@@ -108,14 +149,14 @@ static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
                 __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-                off[bb] = _mm256_set1_epi32(-8 * _mm_cvtsi128_si32(t));
+                off[bb] = _mm256_set1_epi32(-W::OFF * _mm_cvtsi128_si32(t));
                 rsc[bb] = _mm256_set1_ps(GGML_CPU_FP16_TO_FP32(a_ptr[b0 + bb].d));
             }
 
             // block bb of one column group (b) into acc. With one k-chunk (rows of up to 4096 values:
             // every DeepSeek-V2 weight) a group's blocks run on into the next group's, so the prefetch
             // runs ahead of the stream; 2 lines per 144-byte block touch every line.
-            auto block = [&](const block_q4_0x8 & b, int bb, __m256 acc) {
+            auto block = [&](const block_x8 & b, int bb, __m256 acc) {
                 const int8_t * q = a_ptr[b0 + bb].qs;
                 _mm_prefetch((const char *) &b + GGML_DSC_GEMV_PREFETCH, _MM_HINT_T0);
                 _mm_prefetch((const char *) &b + GGML_DSC_GEMV_PREFETCH + 64, _MM_HINT_T0);
@@ -126,25 +167,34 @@ static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
                 __m256i shi = _mm256_setzero_si256();
                 for (int j = 0; j < 4; j++) {
                     const __m256i w  = _mm256_loadu_si256((const __m256i *) (b.qs + 32 * j));
-                    const __m256i lo = _mm256_and_si256(w, m4b);                       // k 4j .. 4j+3
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4b); // k 16+4j .. 16+4j+3
+                    const __m256i lo = W::val(_mm256_and_si256(w, m4b));                       // k 4j .. 4j+3
+                    const __m256i hi = W::val(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4b)); // k 16+4j .. 16+4j+3
                     slo = _mm256_dpbusd_epi32(slo, lo, ggml_dsc_bcast4(q + 4 * j));
                     shi = _mm256_dpbusd_epi32(shi, hi, ggml_dsc_bcast4(q + 16 + 4 * j));
                 }
                 const __m256i isum = _mm256_add_epi32(slo, shi);
 #else
-                // |8 maddubs pairs| <= 8 * 2 * 15 * 127 = 30480: the int16 sums do not overflow
+                // q4_0: |8 maddubs pairs| <= 8 * 2 * 15 * 127 = 30480, one int16 sum; MXFP4 (SPLIT16): low and
+                // high nibbles in two sums of four pairs, <= 24384 each
                 __m256i sum = _mm256_setzero_si256();
+                __m256i shi = _mm256_setzero_si256();
                 for (int j = 0; j < 4; j++) {
                     const __m256i w  = _mm256_loadu_si256((const __m256i *) (b.qs + 32 * j));
-                    const __m256i lo = _mm256_and_si256(w, m4b);                       // k 4j .. 4j+3
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4b); // k 16+4j .. 16+4j+3
+                    const __m256i lo = W::val(_mm256_and_si256(w, m4b));                       // k 4j .. 4j+3
+                    const __m256i hi = W::val(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4b)); // k 16+4j .. 16+4j+3
                     sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(lo, ggml_dsc_bcast4(q + 4 * j)));
-                    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(hi, ggml_dsc_bcast4(q + 16 + 4 * j)));
+                    if constexpr (W::SPLIT16) {
+                        shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, ggml_dsc_bcast4(q + 16 + 4 * j)));
+                    } else {
+                        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(hi, ggml_dsc_bcast4(q + 16 + 4 * j)));
+                    }
                 }
-                const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(sum, ones16), off[bb]);
+                __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(sum, ones16), off[bb]);
+                if constexpr (W::SPLIT16) {
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(shi, ones16));
+                }
 #endif
-                const __m256 col_scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b.d));
+                const __m256 col_scale = W::scales(b);
                 return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(col_scale, rsc[bb]), acc);
             };
 
@@ -156,7 +206,7 @@ static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
             const int ng  = nc / 8;
             const int per = (ng + NS - 1) / NS; // groups per stream; only the last streams can run short
             for (int x = 0; x < per; x++) {
-                const block_q4_0x8 * p[NS];
+                const block_x8 *     p[NS];
                 float *              d[NS];
                 __m256               acc[NS];
                 int ns = 0;
@@ -189,11 +239,12 @@ static void gemv_q4_0_8x4u_q8_0_avx2_ns(int n, float * GGML_RESTRICT s, size_t b
 }
 
 // GGML_DSC_GEMV_STREAMS or one stream, as ggml_dsc_gemv_streams() says (dsc/gemv-streams.c)
-static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+template <typename W>
+static void gemv_w4_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     if (ggml_dsc_gemv_streams() == 1) {
-        gemv_q4_0_8x4u_q8_0_avx2_ns<1>(n, s, bs, vx, vy, nr, nc);
+        gemv_w4_8x4u_q8_0_avx2_ns<W, 1>(n, s, bs, vx, vy, nr, nc);
     } else {
-        gemv_q4_0_8x4u_q8_0_avx2_ns<GGML_DSC_GEMV_STREAMS>(n, s, bs, vx, vy, nr, nc);
+        gemv_w4_8x4u_q8_0_avx2_ns<W, GGML_DSC_GEMV_STREAMS>(n, s, bs, vx, vy, nr, nc);
     }
 }
 
@@ -204,10 +255,13 @@ static void gemv_q4_0_8x4u_q8_0_avx2(int n, float * GGML_RESTRICT s, size_t bs, 
 // k range is walked in chunks of that many blocks so the buffer stays in L1; partial sums wait in dst.
 // Each weight block is unpacked once for the 4 rows.
 // rows: the 4 activation rows' output rows (vy: their block_q8_0x4 row group)
-static void gemm_q4_0_8x4u_q8_0_avx2(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nc) {
+// MXFP4 (SPLIT16) widens each row's int16 sum after the first two weight loads.
+template <typename W>
+static void gemm_w4_8x4u_q8_0_avx2(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nc) {
     const int nb = n / QK8_0;
 
-    const block_q4_0x8 * b_ptr_start = (const block_q4_0x8 *) vx;
+    using block_x8 = typename W::block;
+    const block_x8     * b_ptr_start = (const block_x8     *) vx;
     const block_q8_0x4 * a_ptr_start = (const block_q8_0x4 *) vy;
 
     const __m256i m4b     = _mm256_set1_epi8(0x0F);
@@ -224,11 +278,11 @@ static void gemm_q4_0_8x4u_q8_0_avx2(int n, float * const * rows, const void * G
             const int kc = MIN(nb - b0, GGML_DSC_Q4_0_KC);
 
             for (int bb = 0; bb < kc; bb++) {
-                ggml_dsc_q4_0_prep_rows<4>(a_ptr[b0 + bb], 0, act[bb], off[bb], rsc[bb]);
+                ggml_dsc_q4_0_prep_rows<W::OFF, 4>(a_ptr[b0 + bb], 0, act[bb], off[bb], rsc[bb]);
             }
 
             for (int x = 0; x < nc / 8; x++) {
-                const block_q4_0x8 * b_ptr = b_ptr_start + (int64_t) x * nb + b0;
+                const block_x8 *     b_ptr = b_ptr_start + (int64_t) x * nb + b0;
                 float * dst0 = rows[0] + x * 8;
                 float * dst1 = rows[1] + x * 8;
                 float * dst2 = rows[2] + x * 8;
@@ -247,26 +301,38 @@ static void gemm_q4_0_8x4u_q8_0_avx2(int n, float * const * rows, const void * G
                 for (int bb = 0; bb < kc; bb++) {
                     const __m256i (*e)[4] = act[bb];
                     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+                    __m256i t0 = s0, t1 = s0, t2 = s0, t3 = s0; // SPLIT16: loads 0-1 widened
                     for (int j = 0; j < 4; j++) {
+                        if (W::SPLIT16 && j == 2) {
+                            t0 = _mm256_madd_epi16(s0, ones16); t1 = _mm256_madd_epi16(s1, ones16);
+                            t2 = _mm256_madd_epi16(s2, ones16); t3 = _mm256_madd_epi16(s3, ones16);
+                            s0 = s1 = s2 = s3 = _mm256_setzero_si256();
+                        }
                         const __m256i w  = _mm256_loadu_si256((const __m256i *) (b_ptr[bb].qs + 32 * j));
-                        const __m256i lo = _mm256_and_si256(w, m4b);
+                        const __m256i lo = W::val(_mm256_and_si256(w, m4b));
                         s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, e[2 * j][0]));
                         s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(lo, e[2 * j][1]));
                         s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(lo, e[2 * j][2]));
                         s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(lo, e[2 * j][3]));
                         GGML_DSC_KEEP4(s0, s1, s2, s3);
-                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4b);
+                        const __m256i hi = W::val(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4b));
                         s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(hi, e[2 * j + 1][0]));
                         s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, e[2 * j + 1][1]));
                         s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(hi, e[2 * j + 1][2]));
                         s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(hi, e[2 * j + 1][3]));
                         GGML_DSC_KEEP4(s0, s1, s2, s3);
                     }
-                    const __m256 col_scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b_ptr[bb].d));
-                    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s0, ones16), off[bb][0])), _mm256_mul_ps(col_scale, rsc[bb][0]), acc0);
-                    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s1, ones16), off[bb][1])), _mm256_mul_ps(col_scale, rsc[bb][1]), acc1);
-                    acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s2, ones16), off[bb][2])), _mm256_mul_ps(col_scale, rsc[bb][2]), acc2);
-                    acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(s3, ones16), off[bb][3])), _mm256_mul_ps(col_scale, rsc[bb][3]), acc3);
+                    const __m256 col_scale = W::scales(b_ptr[bb]);
+                    __m256i i0 = _mm256_madd_epi16(s0, ones16), i1 = _mm256_madd_epi16(s1, ones16);
+                    __m256i i2 = _mm256_madd_epi16(s2, ones16), i3 = _mm256_madd_epi16(s3, ones16);
+                    if constexpr (W::SPLIT16) {
+                        i0 = _mm256_add_epi32(i0, t0); i1 = _mm256_add_epi32(i1, t1);
+                        i2 = _mm256_add_epi32(i2, t2); i3 = _mm256_add_epi32(i3, t3);
+                    }
+                    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i0, off[bb][0])), _mm256_mul_ps(col_scale, rsc[bb][0]), acc0);
+                    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i1, off[bb][1])), _mm256_mul_ps(col_scale, rsc[bb][1]), acc1);
+                    acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i2, off[bb][2])), _mm256_mul_ps(col_scale, rsc[bb][2]), acc2);
+                    acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i3, off[bb][3])), _mm256_mul_ps(col_scale, rsc[bb][3]), acc3);
                 }
 
                 _mm256_storeu_ps(dst0, acc0);
@@ -304,7 +370,7 @@ static void gemm_q4_0_8x4u_q8_0_avx2_r8(int n, float * const * rows, const void 
             for (int h = 0; h < 2; h++) {
                 const block_q8_0x4 * a_ptr = a_ptr_start + (int64_t) h * nb;
                 for (int bb = 0; bb < kc; bb++) {
-                    ggml_dsc_q4_0_prep_rows<8>(a_ptr[b0 + bb], 4 * h, act[bb], off[bb], rsc[bb]);
+                    ggml_dsc_q4_0_prep_rows<ggml_dsc_w4_q4_0::OFF, 8>(a_ptr[b0 + bb], 4 * h, act[bb], off[bb], rsc[bb]);
                 }
             }
 
@@ -393,12 +459,24 @@ static inline __m512i ggml_dsc_bcast4_512(const int8_t * p) {
 // R = 4 or 8 activation rows (one or two block_q8_0x4 row groups) x 16 columns per pass. Row m of a
 // block_q8_0x4 has its k 4j .. 4j+3 at qs[32 (j / 2) + 8 m + 4 (j % 2)] (+64 for k 16 + 4j). Per row
 // the steps do not depend on R, so 4- and 8-row passes give bit-identical rows.
-template <int R>
-static void gemm_q4_0_8x4u_q8_0_vnni512(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nc) {
+// the 16 column scales of two 8-column groups (p1 == nullptr: zeros)
+static inline __m512 ggml_dsc_col_scales16(const block_q4_0x8 * p0, const block_q4_0x8 * p1) {
+    return ggml_dsc_cvtph16(p0->d, p1 ? p1->d : nullptr);
+}
+
+static inline __m512 ggml_dsc_col_scales16(const block_mxfp4x8 * p0, const block_mxfp4x8 * p1) {
+    const __m256 lo = ggml_dsc_w4_mxfp4::scales(*p0);
+    const __m256 hi = p1 ? ggml_dsc_w4_mxfp4::scales(*p1) : _mm256_setzero_ps();
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+template <typename W, int R>
+static void gemm_w4_8x4u_q8_0_vnni512(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nc) {
     const int nb = n / QK8_0;
     const int ng = nc / 8;
 
-    const block_q4_0x8 * b_ptr_start = (const block_q4_0x8 *) vx;
+    using block_x8 = typename W::block;
+    const block_x8     * b_ptr_start = (const block_x8     *) vx;
     const block_q8_0x4 * a_ptr_start = (const block_q8_0x4 *) vy;
 
     const __m512i m4b = _mm512_set1_epi8(0x0F);
@@ -419,7 +497,7 @@ static void gemm_q4_0_8x4u_q8_0_vnni512(int n, float * const * rows, const void 
                             sum += a_ptr[bb].qs[32 * g + 8 * m + i];
                         }
                     }
-                    off[bb][4 * h + m] = -8 * sum;
+                    off[bb][4 * h + m] = -W::OFF * sum;
                     rsc[bb][4 * h + m] = GGML_CPU_FP16_TO_FP32(a_ptr[bb].d[m]);
                 }
             }
@@ -427,8 +505,8 @@ static void gemm_q4_0_8x4u_q8_0_vnni512(int n, float * const * rows, const void 
 
         for (int x = 0; x < ng; x += 2) {
             const bool two = x + 1 < ng;
-            const block_q4_0x8 * p0 = b_ptr_start + (int64_t) x * nb + b0;
-            const block_q4_0x8 * p1 = two ? p0 + nb : nullptr;
+            const block_x8 *     p0 = b_ptr_start + (int64_t) x * nb + b0;
+            const block_x8 *     p1 = two ? p0 + nb : nullptr;
             const __mmask16 mask = two ? 0xFFFF : 0x00FF;
 
             __m512 acc[R];
@@ -443,8 +521,8 @@ static void gemm_q4_0_8x4u_q8_0_vnni512(int n, float * const * rows, const void 
                 }
                 for (int j = 0; j < 4; j++) {
                     const __m512i w  = ggml_dsc_load2x256(p0[bb].qs + 32 * j, p1 ? p1[bb].qs + 32 * j : nullptr);
-                    const __m512i lo = _mm512_and_si512(w, m4b);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4b);
+                    const __m512i lo = W::val(_mm512_and_si512(w, m4b));
+                    const __m512i hi = W::val(_mm512_and_si512(_mm512_srli_epi16(w, 4), m4b));
                     const int o = 32 * (j >> 1) + 4 * (j & 1);
                     for (int r = 0; r < R; r++) {
                         const int8_t * q = a_ptr_start[(int64_t) (r / 4) * nb + b0 + bb].qs + o + 8 * (r % 4);
@@ -452,7 +530,7 @@ static void gemm_q4_0_8x4u_q8_0_vnni512(int n, float * const * rows, const void 
                         sr[r] = _mm512_dpbusd_epi32(sr[r], hi, ggml_dsc_bcast4_512(q + 64));
                     }
                 }
-                const __m512 col_scale = ggml_dsc_cvtph16(p0[bb].d, p1 ? p1[bb].d : nullptr);
+                const __m512 col_scale = ggml_dsc_col_scales16(p0 + bb, p1 ? p1 + bb : nullptr);
                 for (int r = 0; r < R; r++) {
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sr[r]), _mm512_mul_ps(col_scale, _mm512_set1_ps(rsc[bb][r])), acc[r]);
                 }
@@ -625,25 +703,32 @@ void ggml_dsc_gemm_q6_K_x8u(int n, float * const * out, int nr, const block_q6_K
 }
 
 // deepseek-cpu: nr (a multiple of 4) activation rows, row r's output at rows[r]: eights, then a last four
-void ggml_dsc_gemm_q4_0_rows(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+template <typename W>
+static void ggml_dsc_gemm_w4_rows(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     const block_q8_0x4 * a = (const block_q8_0x4 *) vy;
     const int nb = n / QK8_0;
     int y = 0;
 #if defined(GGML_DSC_VNNI512)
     for (; y + 8 <= nr; y += 8) {
-        gemm_q4_0_8x4u_q8_0_vnni512<8>(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
+        gemm_w4_8x4u_q8_0_vnni512<W, 8>(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
     }
     for (; y + 4 <= nr; y += 4) {
-        gemm_q4_0_8x4u_q8_0_vnni512<4>(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
+        gemm_w4_8x4u_q8_0_vnni512<W, 4>(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
     }
 #else
-    for (; y + 8 <= nr; y += 8) {
-        gemm_q4_0_8x4u_q8_0_avx2_r8(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
+    if constexpr (!W::SPLIT16) {  // the 8-row GEMM's int16 sums hold q4_0's eight pairs only
+        for (; y + 8 <= nr; y += 8) {
+            gemm_q4_0_8x4u_q8_0_avx2_r8(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
+        }
     }
     for (; y + 4 <= nr; y += 4) {
-        gemm_q4_0_8x4u_q8_0_avx2(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
+        gemm_w4_8x4u_q8_0_avx2<W>(n, rows + y, vx, a + (int64_t) (y / 4) * nb, nc);
     }
 #endif
+}
+
+void ggml_dsc_gemm_q4_0_rows(int n, float * const * rows, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+    ggml_dsc_gemm_w4_rows<ggml_dsc_w4_q4_0>(n, rows, vx, vy, nr, nc);
 }
 #endif // __AVX2__
 
@@ -1000,7 +1085,7 @@ void ggml_dsc_gemm_q4_K_rows(int n, float * const * rows, const void * GGML_REST
 // repack q4_0 to the 4-byte unsigned interleave, which only these kernels read.
 bool ggml_dsc_gemv_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
 #if defined(__AVX2__)
-    gemv_q4_0_8x4u_q8_0_avx2(n, s, bs, vx, vy, nr, nc);
+    gemv_w4_8x4u_q8_0_avx2<ggml_dsc_w4_q4_0>(n, s, bs, vx, vy, nr, nc);
     return true;
 #else
     GGML_UNUSED(n); GGML_UNUSED(s); GGML_UNUSED(bs); GGML_UNUSED(vx); GGML_UNUSED(vy); GGML_UNUSED(nr); GGML_UNUSED(nc);
@@ -1008,15 +1093,23 @@ bool ggml_dsc_gemv_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, cons
 #endif
 }
 
-bool ggml_dsc_gemm_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
 #if defined(__AVX2__)
+// rows in eights, then a last four (nr is a multiple of 4)
+template <typename W>
+static void ggml_dsc_gemm_w4(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
     for (int y = 0; y < nr; y += 8) {
         float * rows[8];
         for (int r = 0; r < 8 && y + r < nr; r++) {
             rows[r] = s + (size_t) (y + r) * bs;
         }
-        ggml_dsc_gemm_q4_0_rows(n, rows, vx, (const block_q8_0x4 *) vy + (int64_t) (y / 4) * (n / QK8_0), MIN(8, nr - y), nc);
+        ggml_dsc_gemm_w4_rows<W>(n, rows, vx, (const block_q8_0x4 *) vy + (int64_t) (y / 4) * (n / QK8_0), MIN(8, nr - y), nc);
     }
+}
+#endif
+
+bool ggml_dsc_gemm_q4_0_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+#if defined(__AVX2__)
+    ggml_dsc_gemm_w4<ggml_dsc_w4_q4_0>(n, s, bs, vx, vy, nr, nc);
     return true;
 #else
     GGML_UNUSED(n); GGML_UNUSED(s); GGML_UNUSED(bs); GGML_UNUSED(vx); GGML_UNUSED(vy); GGML_UNUSED(nr); GGML_UNUSED(nc);
@@ -1047,6 +1140,30 @@ bool ggml_dsc_gemm_q4_K_8x8_q8_K(int n, float * GGML_RESTRICT s, size_t bs, cons
         }
         ggml_dsc_gemm_q4_K_rows(n, rows, vx, (const block_q8_Kx4 *) vy + (int64_t) (y / 4) * (n / QK_K), MIN(8, nr - y), nc);
     }
+    return true;
+#else
+    GGML_UNUSED(n); GGML_UNUSED(s); GGML_UNUSED(bs); GGML_UNUSED(vx); GGML_UNUSED(vy); GGML_UNUSED(nr); GGML_UNUSED(nc);
+    return false;
+#endif
+}
+
+// deepseek-cpu: the entry points the stock MXFP4 8x8 kernels call first (true: done here). AVX2 builds
+// repack MXFP4 (DeepSeek-V4's routed experts) to q4_0's 4-byte interleave; the kernels are q4_0's with
+// the nibbles looked up in the e2m1 table and e8m0 column scales. Their integer block sums are exact
+// and the float steps those of llama.cpp's MXFP4 8x8 kernels (isum x (d_w x d_a), block by block).
+bool ggml_dsc_gemv_mxfp4_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+#if defined(__AVX2__)
+    gemv_w4_8x4u_q8_0_avx2<ggml_dsc_w4_mxfp4>(n, s, bs, vx, vy, nr, nc);
+    return true;
+#else
+    GGML_UNUSED(n); GGML_UNUSED(s); GGML_UNUSED(bs); GGML_UNUSED(vx); GGML_UNUSED(vy); GGML_UNUSED(nr); GGML_UNUSED(nc);
+    return false;
+#endif
+}
+
+bool ggml_dsc_gemm_mxfp4_8x8_q8_0(int n, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, int nr, int nc) {
+#if defined(__AVX2__)
+    ggml_dsc_gemm_w4<ggml_dsc_w4_mxfp4>(n, s, bs, vx, vy, nr, nc);
     return true;
 #else
     GGML_UNUSED(n); GGML_UNUSED(s); GGML_UNUSED(bs); GGML_UNUSED(vx); GGML_UNUSED(vy); GGML_UNUSED(nr); GGML_UNUSED(nc);

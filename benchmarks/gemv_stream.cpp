@@ -7,8 +7,8 @@
 //   OMP_NUM_THREADS=1 /tmp/gemv_stream q4_0x8 2048 1408 1      # weights in L2: compute rate of one core
 //   OMP_NUM_THREADS=2 /tmp/gemv_stream q4_0x8 2048 1408 400    # 400 MB from DRAM on two threads
 //
-// TYPE: q4_0x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group)
-// or q8_0 / q5_0 / q4_0 / q6_K / q3_K / q2_K (plain rows, R rows per matrix, handed out in chunks of 64 rows),
+// TYPE: q4_0x8 / mxfp4x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group)
+// or q8_0 / q5_0 / q4_0 / mxfp4 / q6_K / q3_K / q2_K (plain rows, R rows per matrix, handed out in chunks of 64 rows),
 // or vd:NAME (any ggml type, e.g. vd:q3_K, vd:iq2_s: the row-by-row vec_dot the CPU backend's type
 // table names, on one matrix of real quantized Gaussian weights repeated to fill MB).
 // LIB: the engine's lib directory (e.g. .venv/lib/python3.11/site-packages/deepseek_cpu/lib).
@@ -25,6 +25,7 @@
 enum ggml_type { GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q8_K = 15 };
 struct block_q4_0;
 struct block_q4_K;
+struct block_mxfp4;
 namespace ggml { namespace cpu { namespace repack {
 template <typename BLOC_TYPE, long INTER_SIZE, long NB_COLS, ggml_type PARAM_TYPE>
 void gemv(int, float *, size_t, const void *, const void *, int, int);
@@ -34,6 +35,7 @@ extern "C" {
 __attribute__((weak)) void ggml_dsc_gemv_q8_0_q8_0(int, int, float *, const void *, size_t, const void *);
 __attribute__((weak)) void ggml_dsc_gemv_q5_0_q8_0(int, int, float *, const void *, size_t, const void *);
 __attribute__((weak)) void ggml_dsc_gemv_q4_0_q8_0(int, int, float *, const void *, size_t, const void *);
+__attribute__((weak)) void ggml_dsc_gemv_mxfp4_q8_0(int, int, float *, const void *, size_t, const void *);
 __attribute__((weak)) void ggml_dsc_gemv_q6_K_q8_K(int, int, float *, const void *, size_t, const void *);
 __attribute__((weak)) void ggml_dsc_gemv_q3_K_q8_K(int, int, float *, const void *, size_t, const void *);
 __attribute__((weak)) void ggml_dsc_gemv_q2_K_q8_K(int, int, float *, const void *, size_t, const void *);
@@ -124,7 +126,10 @@ int main(int argc, char ** argv) {
     int qk = 32, bsz = 0, nscale = 1, sc_off = 0;
     plain_gemv plain = nullptr;
     bool k_col = false;  // q8_K column (q4_K, q6_K) instead of q8_0
+    bool e8m0  = false;  // the nscale scales are e8m0 bytes (MXFP4), not f16
     if (!strcmp(ty, "q4_0x8"))      { bsz = 8 * 18;  nscale = 8; }
+    else if (!strcmp(ty, "mxfp4x8")) { bsz = 8 * 17; nscale = 8; e8m0 = true; }
+    else if (!strcmp(ty, "mxfp4"))  { bsz = 17; e8m0 = true; plain = ggml_dsc_gemv_mxfp4_q8_0; }
     else if (!strcmp(ty, "q4_Kx8")) { qk = 256; bsz = 8 * 144; nscale = 16; k_col = true; }
     else if (!strcmp(ty, "q8_0"))   { bsz = 34; plain = ggml_dsc_gemv_q8_0_q8_0; }
     else if (!strcmp(ty, "q5_0"))   { bsz = 22; plain = ggml_dsc_gemv_q5_0_q8_0; }
@@ -133,7 +138,7 @@ int main(int argc, char ** argv) {
     else if (!strcmp(ty, "q3_K"))   { qk = 256; bsz = 110; sc_off = 108; plain = ggml_dsc_gemv_q3_K_q8_K; k_col = true; }
     else if (!strcmp(ty, "q2_K"))   { qk = 256; bsz = 84; nscale = 2; sc_off = 80; plain = ggml_dsc_gemv_q2_K_q8_K; k_col = true; }
     else { fprintf(stderr, "unknown TYPE %s\n", ty); return 2; }
-    const bool repacked = !strcmp(ty, "q4_0x8") || !strcmp(ty, "q4_Kx8");
+    const bool repacked = !strcmp(ty, "q4_0x8") || !strcmp(ty, "mxfp4x8") || !strcmp(ty, "q4_Kx8");
     if (!repacked && !plain) { fprintf(stderr, "no %s GEMV in this build\n", ty); return 2; }
     if (n % qk != 0 || (!plain && rows % 8 != 0)) { fprintf(stderr, "N must be a multiple of %d (ROWS of 8)\n", qk); return 2; }
 
@@ -142,9 +147,12 @@ int main(int argc, char ** argv) {
     const long nm = mb * 1e6 / mat > 1 ? (long) (mb * 1e6 / mat) : 1;
     std::vector<uint8_t> w(nm * mat);
     for (auto & b : w) b = rand();
-    // sane f16 scales (1.0 or ~0.004) so no NaN/inf slows the float steps
+    // sane f16 scales (1.0 or ~0.004; e8m0: 2^0) so no NaN/inf slows the float steps
     for (size_t i = 0; i + bsz <= w.size(); i += bsz) {
-        for (int j = 0; j < nscale; j++) { w[i + sc_off + 2 * j] = 0; w[i + sc_off + 2 * j + 1] = k_col ? 0x1c : 0x3c; }
+        for (int j = 0; j < nscale; j++) {
+            if (e8m0) { w[i + j] = 127; continue; }
+            w[i + sc_off + 2 * j] = 0; w[i + sc_off + 2 * j + 1] = k_col ? 0x1c : 0x3c;
+        }
     }
     const size_t ybytes = k_col ? (size_t) n / 256 * 292 : (size_t) n / 32 * 34;
     std::vector<uint8_t> y(ybytes);
@@ -171,8 +179,9 @@ int main(int argc, char ** argv) {
                 const long g0 = rows / 8 * part / nt, g1 = rows / 8 * (part + 1) / nt;
                 float * dst = s.data() + mm * rows + 8 * g0;
                 const uint8_t * src = w.data() + mm * mat + (size_t) g0 * 8 * row_bytes;
-                if (k_col) ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
-                else       ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                if (k_col)     ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                else if (e8m0) ggml::cpu::repack::gemv<block_mxfp4, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                else           ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
             }
         }
     });

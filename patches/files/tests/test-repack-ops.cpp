@@ -294,7 +294,8 @@ static int check_mm_plain(std::mt19937 & rng, ggml_type t) {
 
 // deepseek-cpu: one token times q4_0, q5_0 or q8_0 weights (decode: a Q4_K_M DeepSeek-V2-Lite's expert
 // down-projections, attn_k_b's 16 planes, the dense layer-0 ffn_down; a Q4_0 file's attn_k_b and attn_v_b),
-// q6_K (the output head) or q3_K / q2_K (ds-q3 and ds-q2 experts in the plain buffer)
+// q6_K (the output head), q3_K / q2_K (ds-q3 and ds-q2 experts in the plain buffer) or MXFP4 (V4's experts
+// there, under a memory budget)
 // goes through the x86 multi-row GEMV, which must give bit for bit what reference mode (use_ref: one
 // ggml_vec_dot_<type>_q8_0 or _q8_K per row) gives. Shapes: plain 2D, per-plane 3D (one src1 row per plane),
 // MUL_MAT_ID with one token (broadcast and per-slot src1); k up to past the GEMV's 512-block limit, where
@@ -303,8 +304,10 @@ static int check_gemv_bit_identical(std::mt19937 & rng, ggml_type t) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     int n_fail = 0, n_run = 0;
     const bool k_quant = ggml_blck_size(t) == 256;  // QK_K
+    // MXFP4 also at 3 blocks: its reference takes blocks in pairs and an odd last one in scalar code
     const std::vector<int64_t> ks = k_quant ? std::vector<int64_t>{ 256, 1536, 2048, 4096, 256 * 65 }
-                                            : std::vector<int64_t>{ 32, 128, 1408, 4096, 32 * 513 };
+                                  : t == GGML_TYPE_MXFP4 ? std::vector<int64_t>{ 32, 96, 128, 1408, 4096, 32 * 513 }
+                                                         : std::vector<int64_t>{ 32, 128, 1408, 4096, 32 * 513 };
     for (int64_t k : ks) {
         for (int64_t n : { 1, 7, 64, 130 }) {
             for (int kind = 0; kind < 4; ++kind) {  // 0: 2D, 1: 16 planes, 2: MMID bcast, 3: MMID per-slot
@@ -826,6 +829,7 @@ int main() {
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q4_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q5_0);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q8_0);
+    n_fail += check_gemv_bit_identical(rng, GGML_TYPE_MXFP4);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q6_K);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q3_K);
     n_fail += check_gemv_bit_identical(rng, GGML_TYPE_Q2_K);

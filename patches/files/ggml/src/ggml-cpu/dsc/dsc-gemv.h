@@ -19,6 +19,8 @@ static inline bool ggml_dsc_gemv_fits(int64_t n) {
 void ggml_dsc_gemv_q4_0_q8_0(int n, int nr, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy);
 void ggml_dsc_gemv_q5_0_q8_0(int n, int nr, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy);
 void ggml_dsc_gemv_q8_0_q8_0(int n, int nr, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy);
+// the same for MXFP4 rows (ggml_vec_dot_mxfp4_q8_0): DeepSeek-V4's experts in the plain buffer
+void ggml_dsc_gemv_mxfp4_q8_0(int n, int nr, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy);
 // s[r] = row r . vy, bit-identical to ggml_vec_dot_q3_K_q8_K, for any multiple of QK_K values (ds-q3's
 // experts; AVX2 and AVX-512 VNNI blocks)
 void ggml_dsc_gemv_q3_K_q8_K(int n, int nr, float * GGML_RESTRICT s, const void * GGML_RESTRICT vx, size_t bx, const void * GGML_RESTRICT vy);

@@ -19,6 +19,7 @@ ggml_dsc_gemv_t ggml_dsc_gemv_for(enum ggml_type type, int64_t n) {
         case GGML_TYPE_Q4_0: return fits ? ggml_dsc_gemv_q4_0_q8_0 : NULL;
         case GGML_TYPE_Q5_0: return fits ? ggml_dsc_gemv_q5_0_q8_0 : NULL;
         case GGML_TYPE_Q8_0: return fits ? ggml_dsc_gemv_q8_0_q8_0 : NULL;
+        case GGML_TYPE_MXFP4: return fits ? ggml_dsc_gemv_mxfp4_q8_0 : NULL;
         case GGML_TYPE_Q3_K: return n % QK_K == 0 ? ggml_dsc_gemv_q3_K_q8_K : NULL;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
         case GGML_TYPE_Q6_K: return n % QK_K == 0 ? ggml_dsc_gemv_q6_K_q8_K : NULL;

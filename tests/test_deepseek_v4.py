@@ -38,6 +38,24 @@ def test_f32_logits_match_transformers(converted, n_batch):
     assert ref["indexer_margin"].min() > 1e-3 and ref["routing_margin"].min() > 1e-3
 
 
+@pytest.mark.parametrize("n_batch", [256, 1], ids=["one_batch", "token_by_token"])
+def test_default_f16_cache_matches_transformers(converted, n_batch):
+    """The cache users get (f16), through ggml-cpu's attention kernels for V4 (prompts: the tiled flash
+    attention over the f16 cache with sinks; one token: the shared-head kernel with sinks). The bound is
+    the cache's f16 rounding (measured 0.015, both paths and stock's products alike); a kernel that
+    dropped the sinks is off by 0.86."""
+    from deepseek_cpu import Llama
+    ref = reference()
+    llm = Llama(str(converted(NAME, "f32")), n_ctx=N_CTX, n_batch=n_batch, logits_all=True, n_threads=2,
+                flash_attn=False, verbose=False)
+    llm.eval([int(t) for t in ref["tokens"]])
+    got = np.array(llm.scores[: len(ref["tokens"])], dtype=np.float32)
+    llm.close()
+    err = rel_errors(got, ref["logits"])
+    assert err.max() <= 0.03, f"max relative error {err.max():.3g} at position {err.argmax()}"
+    assert (got.argmax(1) == ref["logits"].argmax(1)).all()
+
+
 def test_published_precision_is_stored_exactly(converted):
     """The default conversion keeps DeepSeek's values bit for bit: MXFP4 experts as GGML MXFP4, FP8 x
     power-of-two scales as bf16, F32 as F32, the hash table as I32; each tensor dequantized equals the

@@ -57,6 +57,10 @@ def test_quantize_fns():
     # repacked expert kernels, q5_0's single-token experts through our q5_0 GEMV)
     ("MUL_MAT_ID", "type_a=(q4_0|q5_0),type_b=f32"),
     ("FLASH_ATTN_EXT", "hsk=576,hsv=512"),
+    # DeepSeek-V4: one shared K/V head of 512 with sinks (prompts of 32 and 75 tokens take the tiled kernel
+    # over the f16 cache) and the hyper-connections' post-mix (dsc/hyper-connections.cpp)
+    ("FLASH_ATTN_EXT", "hsk=512,hsv=512"),
+    ("DSV4_HC_POST", ".*"),
 ])
 def test_backend_ops(ops, params):
     r = run([program("test-backend-ops"), "test", "-b", "CPU", "-o", ops, "-p", params])

@@ -36,6 +36,50 @@ ggml_tensor * llm_graph_context::dsc_kq_mask_as_f16(ggml_tensor * kq_mask) const
 // the most query tokens the one-token kernel runs once per token for: a speculative verify's batch
 // (the next token and up to 3 MTP drafts, runtime/mtp.py)
 static constexpr int64_t DSC_MQA_FEW_TOKENS = 4;
+// DeepSeek-V4 batches of at least this many tokens attend through ggml-cpu's tiled flash-attention kernel
+// (dsc/flash-attn-f32.cpp): not fewer than that kernel's GGML_DSC_FA_MIN_Q (dsc/dsc-tuning.h)
+static constexpr int64_t DSC_FA_TILED_MIN_TOKENS = 16;
+
+// DeepSeek-V4's prompts: one shared K/V head of 512 (the same tensor as K and V; f16, or f32 where the
+// cache is asked for in f32), attention sinks,
+// a sliding window over a cache that holds every token (and, in its compressed layers, the compressed
+// entries the indexer chose). With flash_attn off, stock code multiplies every query with every cached key,
+// runs a softmax over all of them and copies V transposed: 24% of a 932-token prompt on Zen 4, most of it
+// on keys the mask hides. Flash attention's tiled kernel (dsc/flash-attn-f32.cpp) skips key tiles the mask
+// hides and reads the cache in place, in f32 (q, scores and sums: stock casts q to f16 for KQ). With
+// flash_attn on, stock code builds the same node. nullptr where this does not apply.
+ggml_tensor * llm_graph_context::dsc_build_attn_v4_prompt(
+        ggml_tensor * q,
+        ggml_tensor * k,
+        ggml_tensor * v,
+        ggml_tensor * kq_b,
+        ggml_tensor * kq_mask,
+        ggml_tensor * sinks,
+        ggml_tensor * v_mla,
+            int64_t   n_kv_max,
+               bool   v_trans,
+              float   kq_scale,
+                int   il) const {
+    static const bool on = [] {
+        const char * e = getenv("DEEPSEEK_CPU_V4_PROMPT_FA");
+        return !(e && *e && atoi(e) == 0);
+    }();
+    if (!on || arch != LLM_ARCH_DEEPSEEK4 || cparams.flash_attn || q->ne[1] < DSC_FA_TILED_MIN_TOKENS ||
+        kq_b != nullptr || v_mla != nullptr || v_trans || kq_mask == nullptr ||
+        (k->type != GGML_TYPE_F16 && k->type != GGML_TYPE_F32) || v->type != k->type || q->ne[3] != 1 || k->ne[3] != 1 ||
+        hparams.f_max_alibi_bias != 0.0f || hparams.attn_soft_cap || (sinks && sinks->type != GGML_TYPE_F32)) {
+        return nullptr;
+    }
+    GGML_ASSERT(n_kv_max >= 0 && n_kv_max <= INT32_MAX);
+    ggml_tensor * cur = ggml_flash_attn_ext(ctx0, q, k, v, dsc_kq_mask_as_f16(kq_mask), kq_scale, 0.0f, 0.0f);
+    res->add_fused_node({LLM_FUSED_OP_FLASH_ATTN, cur, il});
+    ggml_flash_attn_ext_add_sinks(cur, sinks);
+    ggml_flash_attn_ext_set_n_kv_max(cur, static_cast<int32_t>(n_kv_max));
+    ggml_prec_set_acc(cur, GGML_PREC_F32);
+    cur = ggml_reshape_2d(ctx0, cur, cur->ne[0]*cur->ne[1], cur->ne[2]*cur->ne[3]);
+    ggml_build_forward_expand(gf, cur);
+    return cur;
+}
 
 ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
         ggml_tensor * q,
@@ -53,6 +97,9 @@ ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
     // kernel once per token (below): it reads the cache once per token, where KQ, softmax and KQV over
     // the f16 cache cost ~3x one kernel pass per token (V3 shapes, Zen 3)
     const int64_t n_q = q->ne[1];
+    if (ggml_tensor * cur = dsc_build_attn_v4_prompt(q, k, v, kq_b, kq_mask, sinks, v_mla, n_kv_max, v_trans, kq_scale, il)) {
+        return cur;
+    }
     const bool mqa = n_q >= 1 && n_q <= DSC_MQA_FEW_TOKENS && q->ne[3] == 1 && k->ne[2] == 1 && k->ne[3] == 1 &&
                      v->ne[2] == 1 && v->ne[3] == 1;
     if (!mqa || kq_b != nullptr || arch == LLM_ARCH_GROK || hparams.attn_soft_cap) {
@@ -63,7 +110,8 @@ ggml_tensor * llm_graph_context::dsc_build_attn_mqa(
         const char * e = getenv("DEEPSEEK_CPU_MQA_FA");
         return !(e && *e && atoi(e) == 0);
     }();
-    const bool kernel = kernel_on && sinks == nullptr && !v_trans && hparams.f_max_alibi_bias == 0.0f &&
+    const bool kernel = kernel_on && (sinks == nullptr || sinks->type == GGML_TYPE_F32) && !v_trans &&
+                        hparams.f_max_alibi_bias == 0.0f &&
                         q->ne[2] >= 2 && (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32) &&
                         v->type == k->type && k->ne[0] % 8 == 0 && v->ne[0] % 16 == 0;
 

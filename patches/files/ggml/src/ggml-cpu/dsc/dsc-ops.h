@@ -1,7 +1,8 @@
 #pragma once
 
 // deepseek-cpu: entry points of our kernels called from ops.cpp (dsc/copy-ops.cpp, dsc/flash-attn-f32.cpp,
-// dsc/mla-attention.cpp). Each returns false when it does not take the case, and stock code then runs.
+// dsc/mla-attention.cpp, dsc/hyper-connections.cpp). Each returns false when it does not take the case, and
+// stock code then runs.
 
 #include "ggml-cpu-impl.h"
 
@@ -14,6 +15,9 @@ bool ggml_dsc_concat_f32_rows(const ggml_compute_params * params, ggml_tensor * 
 bool ggml_dsc_flash_attn_ext_mqa(const ggml_compute_params * params, ggml_tensor * dst);
 bool ggml_dsc_flash_attn_ext_f32_tiled_ok(const ggml_compute_params * params, const ggml_tensor * dst);
 void ggml_dsc_flash_attn_ext_f32_tiled(const ggml_compute_params * params, ggml_tensor * dst, int64_t ir0, int64_t ir1);
+
+// ggml_compute_forward_dsv4_hc_post_f32 (dsc/hyper-connections.cpp)
+bool ggml_dsc_dsv4_hc_post_f32(const ggml_compute_params * params, ggml_tensor * dst);
 
 // upstream (ops.cpp), not static so that the one-token MLA kernel can combine its partials with it
 void ggml_flash_attn_ext_reduce_partials(

@@ -95,6 +95,12 @@ int ggml_dsc_gemv_streams(void);
 #ifndef GGML_DSC_FA_KT
 #define GGML_DSC_FA_KT 64
 #endif
+// The fewest queries the tiled kernel takes (a tile computes GGML_DSC_FA_QT columns whatever the count).
+// DeepSeek-V4's graph sends prompts of this many tokens to flash attention (DSC_FA_TILED_MIN_TOKENS in
+// src/dsc/mla-attention-graph.cpp must not be smaller: stock code would accumulate its f16 V in f16).
+#ifndef GGML_DSC_FA_MIN_Q
+#define GGML_DSC_FA_MIN_Q 16
+#endif
 
 // ---- expert read-ahead under a memory budget (dsc/expert-prefetch.c) ----
 // Tokens of a batch whose next-layer experts are predicted (pre-gating), evenly spaced: a prompt's

@@ -1,6 +1,8 @@
-// deepseek-cpu: tiled flash attention for f32 q, K and V (MLA prefill through decompressed K/V), x86
-// AVX2 + FMA. Called from ggml_compute_forward_flash_attn_ext_f16 (ops.cpp).
+// deepseek-cpu: tiled flash attention for f32 q over f32 or f16 K and V (MLA prefill through decompressed
+// K/V; DeepSeek-V4's prompts over its f16 cache, with attention sinks), x86 AVX2 + FMA. Called from
+// ggml_compute_forward_flash_attn_ext_f16 (ops.cpp).
 
+#include "ggml-cpu.h"
 #include "ggml-cpu-impl.h"
 #include "common.h"
 #include "simd-mappings.h"
@@ -11,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX2__) && defined(__FMA__)
 // deepseek-cpu: tiled flash attention for f32 q, K and V (MLA prefill through decompressed K/V).
@@ -21,6 +24,9 @@
 //   O^T[v][q] += sum_k V[k][v] * P^T[k][q]
 // and the online softmax runs down the key rows, 8 queries per vector. Key tiles whose mask rows are
 // all -inf are skipped, all-zero mask tiles are not added. O^T is transposed into dst once per tile.
+// An f16 K (V) tile is converted to f32 once per (query tile, key tile) it is used in: 1/QT of the
+// tile's multiply-adds; K and V that are one tensor (V4's shared K/V head) are converted once. Scores,
+// sums and outputs stay in f32 (stock code accumulates V in f16 for an f16 cache). Sinks as stock.
 
 // GGML_DSC_FA_QT queries per tile (the SIMD dimension, 8 vectors), GGML_DSC_FA_KT keys per tile: dsc/dsc-tuning.h
 // (e^x: dsc_fa_exp_nonpos, dsc/fa-exp.h)
@@ -84,14 +90,17 @@ static int dsc_fa_mask_kind(const ggml_fp16_t * const * rows, int nrows, int64_t
     return s_or == 0xfc00 && s_and == 0xfc00 ? 2 : 0; // 0xfc00: f16 -inf
 }
 
-void ggml_dsc_flash_attn_ext_f32_tiled(
+// T: the K/V element type (float: read in place; ggml_fp16_t: converted a tile at a time)
+template <typename T>
+static void dsc_fa_tiled(
         const ggml_compute_params * params,
         ggml_tensor * dst,
         int64_t ir0, int64_t ir1) {
-    const ggml_tensor * q    = dst->src[0];
-    const ggml_tensor * k    = dst->src[1];
-    const ggml_tensor * v    = dst->src[2];
-    const ggml_tensor * mask = dst->src[3];
+    const ggml_tensor * q     = dst->src[0];
+    const ggml_tensor * k     = dst->src[1];
+    const ggml_tensor * v     = dst->src[2];
+    const ggml_tensor * mask  = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4];
 
     GGML_TENSOR_LOCALS(int64_t, neq, q,   ne)
     GGML_TENSOR_LOCALS(size_t,  nbq, q,   nb)
@@ -111,7 +120,10 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
     const int64_t rk2 = neq2/nek2, rk3 = neq3/nek3;
     const int64_t rv2 = neq2/nev2, rv3 = neq3/nev3;
 
-    // same per-thread stride as the stock tiled kernel (the planner sizes wdata for that one)
+    // same per-thread stride as the stock tiled kernel (the planner sizes wdata for that one); ours
+    // fits in it with room for one f32 K tile and one V tile
+    static_assert(GGML_DSC_FA_QT <= GGML_FA_TILE_Q && GGML_DSC_FA_KT <= GGML_FA_TILE_KV,
+                  "the tiles must fit the planner's scratch");
     const size_t stride = GGML_FA_TILE_Q*DK + 2*GGML_FA_TILE_Q*GGML_FA_TILE_KV + GGML_FA_TILE_Q*DV +
                           GGML_FA_TILE_KV*DV + GGML_FA_TILE_KV*DK + CACHE_LINE_SIZE_F32;
     float * QsT = (float *) params->wdata + params->ith*stride; // [DK][QT]
@@ -119,9 +131,14 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
     float * OT  = ST  + GGML_DSC_FA_KT*GGML_DSC_FA_QT;                      // [DV][QT]
     float * Mx  = OT  + DV*GGML_DSC_FA_QT;                             // [QT] running max
     float * L   = Mx  + GGML_DSC_FA_QT;                                // [QT] running sum
+    float * Kf  = L   + GGML_DSC_FA_QT;                                // [KT][DK] an f16 K tile in f32
+    float * Vf  = Kf  + GGML_DSC_FA_KT*DK;                             // [KT][DV] an f16 V tile in f32
 
-    const int64_t k_row = nbk1/sizeof(float);
-    const int64_t v_row = nbv1/sizeof(float);
+    constexpr bool f16 = std::is_same<T, ggml_fp16_t>::value;
+    // V4 passes one tensor as K and V: its converted K tile serves as the V tile
+    const bool v_is_k = f16 && v->data == k->data && nbv1 == nbk1 && nbv2 == nbk2 && nbv3 == nbk3 && DV <= DK;
+    const int64_t k_row = f16 ? DK : (int64_t) (nbk1/sizeof(float));
+    const int64_t v_row = f16 ? (v_is_k ? DK : DV) : (int64_t) (nbv1/sizeof(float));
 
     int64_t ir = ir0;
     while (ir < ir1) {
@@ -154,8 +171,8 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
             }
         }
 
-        const float * kh = (const float *) ((const char *) k->data + (iq2/rk2)*nbk2 + (iq3/rk3)*nbk3);
-        const float * vh = (const float *) ((const char *) v->data + (iq2/rv2)*nbv2 + (iq3/rv3)*nbv3);
+        const char * kh = (const char *) k->data + (iq2/rk2)*nbk2 + (iq3/rk3)*nbk3;
+        const char * vh = (const char *) v->data + (iq2/rv2)*nbv2 + (iq3/rv3)*nbv3;
 
         for (int64_t ic = 0; ic < nek1; ic += GGML_DSC_FA_KT) {
             const int kv_tile = (int) MIN((int64_t) GGML_DSC_FA_KT, nek1 - ic);
@@ -165,8 +182,26 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
                 continue;
             }
 
+            const float * kt;
+            const float * vt;
+            if constexpr (f16) {
+                for (int tk = 0; tk < kv_tile; tk++) {
+                    ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (kh + (ic + tk)*nbk1), Kf + tk*DK, DK);
+                }
+                if (!v_is_k) {
+                    for (int tk = 0; tk < kv_tile; tk++) {
+                        ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) (vh + (ic + tk)*nbv1), Vf + tk*DV, DV);
+                    }
+                }
+                kt = Kf;
+                vt = v_is_k ? Kf : Vf;
+            } else {
+                kt = (const float *) (kh + ic*nbk1);
+                vt = (const float *) (vh + ic*nbv1);
+            }
+
             // S^T = K_tile Qs^T
-            dsc_fa_gemm<true>(ST, kh + ic*k_row, k_row, 1, QsT, kv_tile, (int) DK);
+            dsc_fa_gemm<true>(ST, kt, k_row, 1, QsT, kv_tile, (int) DK);
 
             if (kind == 0) {
                 for (int tq = 0; tq < tile_rows; tq++) {
@@ -207,7 +242,23 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
             }
 
             // O^T += V_tile^T P^T
-            dsc_fa_gemm<false>(OT, vh + ic*v_row, 1, v_row, ST, (int) DV, kv_tile);
+            dsc_fa_gemm<false>(OT, vt, 1, v_row, ST, (int) DV, kv_tile);
+        }
+
+        // a sink: one more logit in each head's softmax, with no value (as stock code)
+        if (sinks) {
+            const float s = ((const float *) sinks->data)[iq2];
+            for (int tq = 0; tq < tile_rows; tq++) {
+                if (s > Mx[tq]) {
+                    const float ms = expf(Mx[tq] - s);
+                    for (int64_t d = 0; d < DV; d++) {
+                        OT[d*GGML_DSC_FA_QT + tq] *= ms;
+                    }
+                    L[tq] = L[tq]*ms + 1.0f;
+                } else {
+                    L[tq] += expf(s - Mx[tq]);
+                }
+            }
         }
 
         for (int tq = 0; tq < tile_rows; tq++) {
@@ -224,19 +275,33 @@ void ggml_dsc_flash_attn_ext_f32_tiled(
     }
 }
 
-// deepseek-cpu: f32 q/K/V without ALiBi, softcap or sinks go to the in-place tiled kernel,
-// from 16 queries on (below that, the untiled kernel)
+void ggml_dsc_flash_attn_ext_f32_tiled(
+        const ggml_compute_params * params,
+        ggml_tensor * dst,
+        int64_t ir0, int64_t ir1) {
+    if (dst->src[1]->type == GGML_TYPE_F16) {
+        dsc_fa_tiled<ggml_fp16_t>(params, dst, ir0, ir1);
+    } else {
+        dsc_fa_tiled<float>(params, dst, ir0, ir1);
+    }
+}
+
+// deepseek-cpu: f32 q over f32 or f16 K/V (both one type) without ALiBi or softcap, sinks in f32, go to
+// the tiled kernel from GGML_DSC_FA_MIN_Q queries on (below that, the untiled kernel)
 bool ggml_dsc_flash_attn_ext_f32_tiled_ok(const ggml_compute_params * params, const ggml_tensor * dst) {
-    const ggml_tensor * q = dst->src[0];
-    const ggml_tensor * k = dst->src[1];
-    const ggml_tensor * v = dst->src[2];
+    const ggml_tensor * q     = dst->src[0];
+    const ggml_tensor * k     = dst->src[1];
+    const ggml_tensor * v     = dst->src[2];
+    const ggml_tensor * sinks = dst->src[4];
     const int64_t neq1 = q->ne[1];
     const bool use_ref = params->use_ref;
 
     const float * fa_params = (const float *) dst->op_params;
-    const bool use_dsc = !use_ref && neq1 >= 16 && q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 &&
-                         v->type == GGML_TYPE_F32 && fa_params[1] == 0.0f && fa_params[2] == 0.0f &&
-                         dst->src[4] == nullptr && (dst->src[3] == nullptr || dst->src[3]->type == GGML_TYPE_F16);
+    const bool use_dsc = !use_ref && neq1 >= GGML_DSC_FA_MIN_Q && q->type == GGML_TYPE_F32 &&
+                         (k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16) && v->type == k->type &&
+                         fa_params[1] == 0.0f && fa_params[2] == 0.0f &&
+                         (sinks == nullptr || (sinks->type == GGML_TYPE_F32 && sinks->ne[0] >= q->ne[2])) &&
+                         (dst->src[3] == nullptr || dst->src[3]->type == GGML_TYPE_F16);
     return use_dsc;
 }
 #else

@@ -299,7 +299,8 @@ static bool ggml_dsc_flash_attn_ext_mqa_decode_ok(const ggml_compute_params * pa
            (k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32) && v->type == k->type &&
            k->ne[3] == 1 && v->ne[3] == 1 && k->ne[2] == v->ne[2] && q->ne[2] % k->ne[2] == 0 &&
            q->ne[2]/k->ne[2] >= 2 && k->ne[0] % 8 == 0 && v->ne[0] % 16 == 0 &&
-           fa_params[1] == 0.0f && fa_params[2] == 0.0f && dst->src[4] == nullptr &&
+           fa_params[1] == 0.0f && fa_params[2] == 0.0f &&
+           (dst->src[4] == nullptr || (dst->src[4]->type == GGML_TYPE_F32 && dst->src[4]->ne[0] >= q->ne[2])) &&
            (mask == nullptr || (mask->type == GGML_TYPE_F16 && mask->ne[2] == 1 && mask->ne[3] == 1));
 }
 
@@ -309,6 +310,7 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
     const ggml_tensor * k    = dst->src[1];
     const ggml_tensor * v    = dst->src[2];
     const ggml_tensor * mask = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4];
 
     const int64_t DK   = k->ne[0];
     const int64_t DV   = v->ne[0];
@@ -429,6 +431,22 @@ static void ggml_dsc_flash_attn_ext_mqa_decode(const ggml_compute_params * param
             }
 
             dsc_mqa_block_accum<T>(vr, nr, S, O, nh, DV);
+        }
+
+        // a sink (DeepSeek-V4): one more logit in each head's softmax, with no value, added to the first
+        // run's partial as stock code adds it to its first chunk's; the reduction carries it over
+        if (sinks && slot == 0) {
+            for (int h = 0; h < nh; h++) {
+                const float s = ((const float *) sinks->data)[h0 + h];
+                if (s > MS[h][0]) {
+                    const float ms = expf(MS[h][0] - s);   // 0 where nothing was accumulated
+                    ggml_vec_scale_f32((int) DV, O[h], ms);
+                    MS[h][1] = MS[h][1]*ms + 1.0f;
+                    MS[h][0] = s;
+                } else {
+                    MS[h][1] += expf(s - MS[h][0]);
+                }
+            }
         }
     }
 

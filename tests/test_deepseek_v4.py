@@ -197,6 +197,28 @@ def test_synth_writes_a_v4_file_the_engine_runs(tmp_path, monkeypatch):
     assert np.isfinite(got).all()
 
 
+def test_synth_from_a_later_block_keeps_that_blocks_settings(tmp_path, monkeypatch):
+    """`synth --from-layer K --layers N`: blocks K..K+N-1 with their own compression ratios and hash
+    routing (V4-Flash's first blocks are sliding-window and hash-routed, unlike 40 of its 43), the MTP
+    layer's ratio kept; the engine reads them and runs the file."""
+    from deepseek_cpu.gguf_header import read
+    from deepseek_cpu.tools import shapes, synth
+    cfg = json.loads((fixture_dir(NAME) / "config.json").read_text())   # ratios [0, 4, 128, 4] + MTP [4]
+    small = {**cfg, "_name_or_path": "deepseek-ai/DeepSeek-V4-Flash"}
+    monkeypatch.setitem(shapes.REAL_CONFIGS, "v4-flash", small)
+    path = synth.synthesize(tmp_path / "v4.gguf", shape="v4-flash", quant="bf16", tokenizer=str(fixture_dir(NAME)),
+                            layers=2, first_layer=1, progress=False)
+    h = read(path)
+    assert list(h.array("deepseek4.attention.compress_ratios")) == [4, 128, 4]
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert "blk.0.ffn_gate_tid2eid.weight" not in names          # block 1 routes by its router
+    assert "blk.0.indexer.proj.weight" in names and "blk.1.indexer.proj.weight" not in names   # CSA, then HCA
+    got = engine_logits(path, [0] + list(range(5, 60)), n_ctx=64)
+    assert np.isfinite(got).all()
+    with pytest.raises(synth.SynthError, match="--from-layer"):
+        shapes.real_config("v4-flash", 2, 4)
+
+
 def test_ds_v4_keeps_the_released_experts_bit_for_bit(converted, tmp_path):
     """The V4 mix: llama.cpp's quantizer copies the MXFP4 experts and the hash table unchanged (the
     bytes of the converted release), keeps mHC and position biases f32, rounds the rest to q8_0;

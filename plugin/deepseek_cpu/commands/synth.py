@@ -22,6 +22,10 @@ from .options import SchemeName
               help="Quantization scheme to imitate: the type llama.cpp would give each tensor (schemes based on "
                    "f32 ... q6_k; `deepseek-cpu schemes` lists them).")
 @click.option("--layers", type=int, default=None, help="Keep only the first N blocks (default: all).")
+@click.option("--from-layer", "first_layer", type=int, default=0, show_default=True, metavar="K",
+              help="Start at the real model's block K (renumbered 0), with its per-layer settings: "
+                   "`--shape v4-flash --from-layer 3 --layers 2` is an HCA and a CSA layer, as 40 of "
+                   "V4-Flash's 43 are (its first blocks are sliding-window only).")
 @click.option("--routing", type=click.Choice(ROUTING_KINDS), default="uniform", show_default=True,
               help="uniform: every expert about equally likely; skewed: a planted popularity per layer "
                    "(--skew); random: the routing of plain random weights (a few experts take most routings; "
@@ -35,13 +39,13 @@ from .options import SchemeName
                    "holding tokenizer.json.")
 @click.option("--dry-run", is_flag=True, help="Print the tensor plan and size; write nothing.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def synth_cmd(out, shape, quant, layers, routing, skew, seed, tokenizer, dry_run, quiet):
+def synth_cmd(out, shape, quant, layers, first_layer, routing, skew, seed, tokenizer, dry_run, quiet):
     """Write OUT.gguf: random weights with the exact shapes of a real DeepSeek model.
 
     For benchmarks without downloading the model: tensor names, shapes, per-tensor
     types (llama-quantize's recipe for --quant) and metadata are those of the real
     checkpoint converted by `deepseek-cpu convert`; the weights are random."""
-    cfg, _conv, tensors = synth_plan(shape, quant, layers)  # a SynthError is one Error: line
+    cfg, _conv, tensors = synth_plan(shape, quant, layers, first_layer)  # a SynthError is one Error: line
     total = sum(t.nbytes for t in tensors)
     summary = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in type_summary(tensors).items())
     if dry_run:
@@ -53,7 +57,7 @@ def synth_cmd(out, shape, quant, layers, routing, skew, seed, tokenizer, dry_run
     log = (lambda m: click.echo(f"deepseek-cpu: {m}", err=True))
     try:
         path = synthesize(out, shape, quant, layers, seed, tokenizer, progress=not quiet, log=log,
-                          routing=Routing(routing, skew))
+                          routing=Routing(routing, skew), first_layer=first_layer)
     except KeyboardInterrupt:
         click.echo("interrupted; nothing was written", err=True)
         sys.exit(130)

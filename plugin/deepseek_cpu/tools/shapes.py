@@ -2,7 +2,7 @@
 tensors our converter writes for each (what `deepseek-cpu synth` imitates and what
 `deepseek-cpu schemes` prices a scheme on).
 
-`real_config(shape, layers)` gives a model's config (truncated to its first `layers` blocks);
+`real_config(shape, layers, first)` gives a model's config (cut to `layers` blocks from block `first`);
 `converter_plan(cfg)` the converter (converters/deepseek.py) and the tensor table it writes
 for a checkpoint of that config, in order.
 """
@@ -124,16 +124,28 @@ TOKENIZERS = {
 SHAPES = tuple(REAL_CONFIGS)
 
 
-def real_config(shape: str, layers: int | None = None) -> dict:
+def real_config(shape: str, layers: int | None = None, first: int = 0) -> dict:
+    """The config of `shape`, cut to blocks first .. first + layers - 1 (renumbered from 0): the
+    per-layer settings (V4's compression ratio and hash routing, V2/V3's dense first blocks)
+    follow the blocks kept; an MTP layer keeps its own."""
     if shape not in REAL_CONFIGS:
         raise SynthError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cfg = copy.deepcopy(REAL_CONFIGS[shape])
-    if layers is not None:
-        if layers < 1:
-            raise SynthError("--layers must be at least 1")
-        cfg["num_hidden_layers"] = min(int(layers), cfg["num_hidden_layers"])
-        if "num_hash_layers" in cfg:
-            cfg["num_hash_layers"] = min(cfg["num_hash_layers"], cfg["num_hidden_layers"])
+    full = cfg["num_hidden_layers"]
+    if layers is not None and layers < 1:
+        raise SynthError("--layers must be at least 1")
+    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < full:
+        raise SynthError(f"--from-layer must be a block of {shape}: 0 to {full - 1}, not {first!r}")
+    n = min(int(layers) if layers is not None else full, full - first)
+    cfg["num_hidden_layers"] = n
+    if "num_hash_layers" in cfg:
+        cfg["num_hash_layers"] = max(0, min(cfg["num_hash_layers"] - first, n))
+    if "first_k_dense_replace" in cfg:
+        cfg["first_k_dense_replace"] = max(0, cfg["first_k_dense_replace"] - first)
+    if "compress_ratios" in cfg:
+        # one ratio per main block, then the MTP layers' (V4-Flash: 43 + 1)
+        ratios = cfg["compress_ratios"]
+        cfg["compress_ratios"] = ratios[first:first + n] + ratios[full:]
     return cfg
 
 

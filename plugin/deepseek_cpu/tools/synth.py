@@ -101,9 +101,9 @@ class SynthTensor:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def synth_plan(shape: str, quant: str, layers: int | None = None):
+def synth_plan(shape: str, quant: str, layers: int | None = None, first_layer: int = 0):
     """(cfg, converter, [SynthTensor]) for a synthetic file."""
-    cfg = real_config(shape, layers)
+    cfg = real_config(shape, layers, first_layer)
     conv, specs = converter_plan(cfg)
     if is_published_precision(cfg):
         if quant != PUBLISHED:
@@ -166,11 +166,12 @@ def _write_streamed(writer: gguf.GGUFWriter, name: str, nbytes: int, chunks) -> 
 def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str = "q4_0",
                layers: int | None = None, seed: int = 0, tokenizer: str = "auto",
                progress: bool = True, stock_compatible: bool = True, log=None,
-               routing: Routing = Routing("uniform")) -> Path:
+               routing: Routing = Routing("uniform"), first_layer: int = 0) -> Path:
     """Write a random-weight GGUF with the shapes/types/metadata of the real `shape` model.
-    routing: how its routers route (tools/routing.py)."""
+    routing: how its routers route (tools/routing.py); first_layer: the real block the file's
+    block 0 copies (its per-layer settings)."""
     out_path = Path(out_path)
-    cfg, conv, tensors = synth_plan(shape, quant, layers)
+    cfg, conv, tensors = synth_plan(shape, quant, layers, first_layer)
     try:
         routers = RouterWriter(cfg, routing, seed)
     except ValueError as e:
@@ -178,7 +179,7 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
     file_type = (gguf.LlamaFileType.MOSTLY_MXFP4_MOE if is_published_precision(cfg)
                  else synth_scheme(quant).file_type)
     full_layers = REAL_CONFIGS[shape]["num_hidden_layers"]
-    truncated = cfg["num_hidden_layers"] != full_layers
+    truncated = cfg["num_hidden_layers"] != full_layers or first_layer > 0
     out_dir = out_path.parent if str(out_path.parent) else Path(".")
     if not out_dir.is_dir():  # before fetching a tokenizer for a file that cannot be written
         raise SynthError(f"{out_dir}: output directory does not exist")
@@ -197,7 +198,8 @@ def synthesize(out_path: str | os.PathLike, shape: str = "v2-lite", quant: str =
             writer.add_q_lora_rank(0)
         writer.add_description(
             f"deepseek-cpu synth: RANDOM weights with the shapes of {cfg['_name_or_path']} "
-            f"({cfg['num_hidden_layers']} of {full_layers} layers, {quant}); for benchmarks only")
+            f"({cfg['num_hidden_layers']} of {full_layers} layers"
+            f"{f', from block {first_layer}' if first_layer else ''}, {quant}); for benchmarks only")
         writer.add_string(SHAPE_KEY, shape)
         writer.add_uint32("deepseek_cpu.synth.full_block_count", full_layers)
         writer.add_uint32("deepseek_cpu.synth.seed", seed)

@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # our schemes measured by default (every band we have: 3.0, 3.5, ~4.3-4.8, 5.5 on V3)
-OUR_SCHEMES = ("ds-q2", "ds-q3", "ds-q4-lean", "ds-q4", "ds-q4-k", "q5_k_m")
+OUR_SCHEMES = ("ds-q2", "ds-q2-q8", "ds-q3", "ds-q3-q8", "ds-q4-lean", "ds-q4", "ds-q4-k", "q5_k_m")
 
 # ik_llama.cpp's types: bytes per 256-weight block (ggml-common.h's static_asserts at ik 8337e4c;
 # the KS types add one float per row, ignored here)
@@ -72,11 +72,11 @@ NARROW = r"attn_(k_b|v_b|kv_b)"   # rows of 64-512 weights (kv_b: kv_lora_rank):
 EVERY_TOKEN = r"attn_|ffn_(gate|up|down)_shexp|ffn_(gate|up|down)\.weight"
 
 
-def ik_recipe(experts: str, down: str | None = None, embeddings: str = "iq4_k",
-              output: str = "iq6_k") -> tuple[tuple[str, str], ...]:
+def ik_recipe(experts: str, down: str | None = None, embeddings: str = "iq6_k",
+              output: str = "q8_0") -> tuple[tuple[str, str], ...]:
     """Our mixes' layout in ik's types: experts low (ffn_down one step up at 2 bits), what every
     token reads at ~6.6 bits (iq6_k; q8_0 for rows no 256-block fits); embeddings and output as our
-    mix of that size has them (ds-q2/ds-q3: q4_K and q6_K; ds-q4: q6_K and q8_0)."""
+    mix of that size has them (every mix: q6_K and q8_0)."""
     return ((DOWN, down or experts), (ROUTED, experts), (NARROW, "q8_0"), (EVERY_TOKEN, "iq6_k"),
             (r"token_embd", embeddings), (r"^output\.weight", output))
 
@@ -86,9 +86,9 @@ IK_RECIPES = {
     "ik-iq2_kl": ik_recipe("iq2_kl", down="iq3_k"),
     "ik-iq3_ks": ik_recipe("iq3_ks"),
     "ik-iq3_k": ik_recipe("iq3_k"),
-    "ik-iq4_ks": ik_recipe("iq4_ks", embeddings="iq6_k", output="q8_0"),
-    "ik-iq4_k": ik_recipe("iq4_k", embeddings="iq6_k", output="q8_0"),
-    "ik-iq5_ks": ik_recipe("iq5_ks", embeddings="iq6_k", output="q8_0"),
+    "ik-iq4_ks": ik_recipe("iq4_ks"),
+    "ik-iq4_k": ik_recipe("iq4_k"),
+    "ik-iq5_ks": ik_recipe("iq5_ks"),
 }
 
 
@@ -122,6 +122,54 @@ def recipe_bits_per_weight(recipe, shape: str) -> float:
         bits += _bits(t, int(p.shape[-1])) * count
         n += count
     return bits / n
+
+
+def decode_gb_per_token(tensor_bits, shape: str = "v3") -> float:
+    """GB of weights one decoded token reads on a real model's tensors: everything but the routed
+    experts (only experts_per_tok of n_routed_experts of those), the embeddings (one row) and the
+    MTP block (not run without drafts). A file's size decides whether it fits; this, at a given
+    memory bandwidth, decides its decode speed. tensor_bits(name, shape, converter type) -> bits
+    per weight of that tensor."""
+    import gguf
+    from deepseek_cpu.tools.shapes import converter_plan, real_config
+    cfg = real_config(shape)
+    _conv, specs = converter_plan(cfg)
+    share = cfg["num_experts_per_tok"] / cfg["n_routed_experts"]
+    main = cfg["num_hidden_layers"]
+    total = 0.0
+    for p in specs:
+        layer = re.match(r"blk\.(\d+)\.", p.name)
+        if p.name.startswith("token_embd") or (layer and int(layer.group(1)) >= main):
+            continue
+        count = 1
+        for d in p.shape:
+            count *= int(d)
+        bits = tensor_bits(p.name, p.shape, p.qtype(gguf.GGMLQuantizationType.F16))
+        total += bits * count * (share if re.search(ROUTED, p.name) else 1.0) / 8
+    return total / 1e9
+
+
+def scheme_decode_gb(scheme, shape: str = "v3") -> float:
+    """decode_gb_per_token for one of our schemes."""
+    import gguf
+    from deepseek_cpu.tools.shapes import real_config
+    n_layer = real_config(shape)["num_hidden_layers"]
+
+    def bits(name, shp, ctype):
+        block, size = gguf.GGML_QUANT_SIZES[scheme.tensor_type(name, shp, n_layer, ctype)]
+        return size * 8 / block
+    return decode_gb_per_token(bits, shape)
+
+
+def recipe_decode_gb(recipe, shape: str = "v3") -> float:
+    """decode_gb_per_token for an ik recipe (types as recipe_bits_per_weight picks them)."""
+    import gguf
+
+    def bits(name, shp, ctype):
+        if ctype == gguf.GGMLQuantizationType.F32 or len(shp) < 2:
+            return 32.0
+        return _bits(next((ty for pat, ty in recipe if re.search(pat, name)), "q8_0"), int(shp[-1]))
+    return decode_gb_per_token(bits, shape)
 
 
 def file_bits_per_weight(path: Path) -> float:
@@ -310,9 +358,9 @@ def main() -> None:
     src = convert(a.checkpoint, d / "bf16.gguf", outtype="bf16", progress=False)
     rows = []
 
-    def add(engine, name, path, r, v3, v2lite):
+    def add(engine, name, path, r, v3, v2lite, gb):
         row = {"engine": engine, "scheme": name, "file": str(path), "bits_per_weight_here": file_bits_per_weight(path),
-               "bits_per_weight_v3": v3, "bits_per_weight_v2_lite": v2lite, **r}
+               "bits_per_weight_v3": v3, "bits_per_weight_v2_lite": v2lite, "decode_gb_per_token_v3": gb, **r}
         rows.append(row)
         print(f"{engine:4s} {name:<11} {row['bits_per_weight_v3']:5.2f} b/w (V3)  kld {row['kld_mean']:.5f}  "
               f"top1 {row.get('same_top', 0):.4f}", file=sys.stderr)
@@ -330,17 +378,19 @@ def main() -> None:
         quantize(src, path, s, imatrix=imx.path, progress=False)
         r = evaluate(path, ref, a.text, n_ctx=a.ctx, progress=False).to_dict()
         add("ours", name, path, {k: r[k] for k in ("kld_mean", "kld_mean_err", "kld_p99", "same_top", "ppl_model")},
-            reference_bits_per_weight(s, "v3"), reference_bits_per_weight(s, "v2-lite"))
+            reference_bits_per_weight(s, "v3"), reference_bits_per_weight(s, "v2-lite"), scheme_decode_gb(s))
     if a.engines != "ours":  # ik_llama.cpp, its own tools end to end
         for name, recipe, path, result in measure_ik(a.ik, ref, a, ik_recipes, d):
-            add("ik", name, path, result, recipe_bits_per_weight(recipe, "v3"), recipe_bits_per_weight(recipe, "v2-lite"))
+            add("ik", name, path, result, recipe_bits_per_weight(recipe, "v3"), recipe_bits_per_weight(recipe, "v2-lite"),
+                recipe_decode_gb(recipe))
     rows.sort(key=lambda r: r["bits_per_weight_v3"])
     form = ("outliers x%g" % a.outliers if a.outliers else "plain") + (", experts only" if a.experts_only else "")
     print(f"\nheld-out: {Path(a.text).name}, ctx {a.ctx}; {form}\n")
-    print("| engine | scheme | b/w V3 | b/w V2-Lite | b/w here | KLD mean | KLD p99 | same top-1 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| engine | scheme | b/w V3 | GB a V3 token reads | b/w V2-Lite | b/w here | KLD mean | KLD p99 | same top-1 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['engine']} | {r['scheme']} | {r['bits_per_weight_v3']:.2f} | {r['bits_per_weight_v2_lite']:.2f} | "
+        print(f"| {r['engine']} | {r['scheme']} | {r['bits_per_weight_v3']:.2f} | {r['decode_gb_per_token_v3']:.2f} | "
+              f"{r['bits_per_weight_v2_lite']:.2f} | "
               f"{r['bits_per_weight_here']:.2f} | {r['kld_mean']:.5f} ± {r['kld_mean_err']:.5f} | "
               f"{r.get('kld_p99', float('nan')):.4f} | {100 * r.get('same_top', float('nan')):.2f}% |")
     if a.json:
@@ -351,28 +401,33 @@ def main() -> None:
 
 
 def plot(rows, out, title) -> None:
+    """Two panels: KL divergence against the file's size (does it fit) and against the bytes a
+    decoded token reads (how fast it decodes), each with each engine's frontier."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for engine, color in (("ours", "#2b7bba"), ("ik", "#d9822b")):
-        pts = sorted((r["bits_per_weight_v3"], r["kld_mean"], r["scheme"]) for r in rows if r["engine"] == engine)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color,
-                label="deepseek-cpu" if engine == "ours" else "ik_llama.cpp")
-        front, best = [], float("inf")  # the frontier: the least divergence at this size or below
-        for x, y, _ in pts:
-            if y < best:
-                best = y
-                front.append((x, y))
-        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color=color, alpha=0.6)
-        for x, y, name in pts:
-            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_yscale("log")
-    ax.set_xlabel("bits per weight on DeepSeek-V3's tensors")
-    ax.set_ylabel("KL divergence to f32 (mean, held-out text)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    axes_keys = (("bits_per_weight_v3", "bits per weight on DeepSeek-V3's tensors (file size)"),
+                 ("decode_gb_per_token_v3", "GB of weights a decoded V3 token reads"))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, (key, label) in zip(axes, axes_keys):
+        for engine, color in (("ours", "#2b7bba"), ("ik", "#d9822b")):
+            pts = sorted((r[key], r["kld_mean"], r["scheme"]) for r in rows if r["engine"] == engine and key in r)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color,
+                    label="deepseek-cpu" if engine == "ours" else "ik_llama.cpp")
+            front, best = [], float("inf")  # the frontier: the least divergence at this size or below
+            for x, y, _ in pts:
+                if y < best:
+                    best = y
+                    front.append((x, y))
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color=color, alpha=0.6)
+            for x, y, name in pts:
+                ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("KL divergence to f32 (mean, held-out text)")
+    axes[0].legend()
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

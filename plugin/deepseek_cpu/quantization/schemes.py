@@ -172,8 +172,9 @@ class Scheme:
 
 # ---------------------------------------------------------------------------------------
 # The DeepSeek mixes. In DeepSeek's MoE the routed experts hold ~90% of the bytes but each
-# token reads only a few of them; attention, the shared experts, the dense lead layers, the
-# embeddings and the output are read for every token. So those get 6-8 bits, the experts ~4.
+# token reads only a few of them; attention, the shared experts, the dense lead layers and the
+# output are read for every token. So those get 6-8 bits, the experts ~4. The embeddings (one
+# row a token) cost nothing at decode and 0.14% of V3's weights: 6 bits or more.
 # Every type here has a fast kernel in our engine (q4_K/q4_0 repacked, q6_K, q8_0, q5_0).
 # ---------------------------------------------------------------------------------------
 
@@ -210,16 +211,27 @@ DEEPSEEK_MIXES = (
     # Below 4 bits: what CPU users of the 671B models run (R1/V3 at 2-3.5 bits per weight). Only the
     # routed experts go below 4 bits; what every token reads stays at 6. ffn_down of the experts is
     # the most sensitive of the three (it writes the residual stream): one step up in ds-q2.
+    # Embeddings q6_K and output q8_0 add 0.006 bits per weight on V3 and ~1% to a token's reads,
+    # and halve the KL divergence of the trained model (docs/quantization.md, the frontier).
     # V2-Lite's expert rows (1408 wide) do not fill 256-wide blocks: its ffn_down_exps falls back to
     # q4_0 there (llama.cpp's rule); V3's 2048-wide ones take the k-quant.
     Scheme("ds-q3", "DeepSeek mix at 3.5 bits per weight on V3 (4.0 on V2-Lite): routed experts "
-           "q3_K; attention, shared experts and dense layers q6_K; embeddings q4_K; output q6_K",
-           "q3_k_m", _mix_rules("q3_K", "q6_K", embeddings="q4_K", output="q6_K"), wants_imatrix=True),
+           "q3_K; attention, shared experts, dense layers and embeddings q6_K; output q8_0",
+           "q3_k_m", _mix_rules("q3_K", "q6_K", embeddings="q6_K", output="q8_0"), wants_imatrix=True),
     Scheme("ds-q2", "DeepSeek mix at 3.0 bits per weight on V3 (3.5 on V2-Lite): routed experts "
-           "q2_K (ffn_down q3_K); attention, shared experts and dense layers q6_K; embeddings q4_K; "
-           "output q6_K",
+           "q2_K (ffn_down q3_K); attention, shared experts, dense layers and embeddings q6_K; output q8_0",
            "q2_k", ((r"\.ffn_down_exps\.weight$", "q3_K"),
-                    *_mix_rules("q2_K", "q6_K", embeddings="q4_K", output="q6_K")), wants_imatrix=True),
+                    *_mix_rules("q2_K", "q6_K", embeddings="q6_K", output="q8_0")), wants_imatrix=True),
+    # The same experts with everything else at q8_0: a file as small, half the KL divergence where
+    # inputs have outlier channels, ~16% more bytes read per decoded token on V3 (what every token
+    # reads is ~60% of a V3 token's bytes at q6_K).
+    Scheme("ds-q3-q8", "ds-q3 with everything but the routed experts at q8_0: the file barely larger, "
+           "closer to the original; a decoded V3 token reads ~16% more",
+           "q3_k_m", _mix_rules("q3_K", "q8_0", embeddings="q8_0", output="q8_0"), wants_imatrix=True),
+    Scheme("ds-q2-q8", "ds-q2 with everything but the routed experts at q8_0: the file barely larger, "
+           "closer to the original; a decoded V3 token reads ~17% more",
+           "q2_k", ((r"\.ffn_down_exps\.weight$", "q3_K"),
+                    *_mix_rules("q2_K", "q8_0", embeddings="q8_0", output="q8_0")), wants_imatrix=True),
     # DeepSeek-V4: its release already stores the routed experts in 4 bits (MXFP4); they are copied
     # bit for bit. The mHC mixing matrices and the compressors' position biases steer every token
     # and are tiny: they stay f32 (llama.cpp's own MXFP4_MOE type would round them to q8_0).

@@ -7,7 +7,8 @@
 //   OMP_NUM_THREADS=1 /tmp/gemv_stream q4_0x8 2048 1408 1      # weights in L2: compute rate of one core
 //   OMP_NUM_THREADS=2 /tmp/gemv_stream q4_0x8 2048 1408 400    # 400 MB from DRAM on two threads
 //
-// TYPE: q4_0x8 / mxfp4x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group)
+// TYPE: q4_0x8 / mxfp4x8 / q4_Kx8 (repacked expert layouts; rows of N values, R rows per matrix, 8 per group;
+// q2_Kx8: llama.cpp's own repacked q2_K GEMV, which ds-q2's experts take when repacked)
 // or q8_0 / q5_0 / q4_0 / mxfp4 / q6_K / q3_K / q2_K (plain rows, R rows per matrix, handed out in chunks of 64 rows),
 // or vd:NAME (any ggml type, e.g. vd:q3_K, vd:iq2_s: the row-by-row vec_dot the CPU backend's type
 // table names, on one matrix of real quantized Gaussian weights repeated to fill MB).
@@ -25,6 +26,7 @@
 enum ggml_type { GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q8_K = 15 };
 struct block_q4_0;
 struct block_q4_K;
+struct block_q2_K;
 struct block_mxfp4;
 namespace ggml { namespace cpu { namespace repack {
 template <typename BLOC_TYPE, long INTER_SIZE, long NB_COLS, ggml_type PARAM_TYPE>
@@ -131,6 +133,7 @@ int main(int argc, char ** argv) {
     else if (!strcmp(ty, "mxfp4x8")) { bsz = 8 * 17; nscale = 8; e8m0 = true; }
     else if (!strcmp(ty, "mxfp4"))  { bsz = 17; e8m0 = true; plain = ggml_dsc_gemv_mxfp4_q8_0; }
     else if (!strcmp(ty, "q4_Kx8")) { qk = 256; bsz = 8 * 144; nscale = 16; k_col = true; }
+    else if (!strcmp(ty, "q2_Kx8")) { qk = 256; bsz = 8 * 84; nscale = 16; k_col = true; }  // llama.cpp's own repack
     else if (!strcmp(ty, "q8_0"))   { bsz = 34; plain = ggml_dsc_gemv_q8_0_q8_0; }
     else if (!strcmp(ty, "q5_0"))   { bsz = 22; plain = ggml_dsc_gemv_q5_0_q8_0; }
     else if (!strcmp(ty, "q4_0"))   { bsz = 18; plain = ggml_dsc_gemv_q4_0_q8_0; }
@@ -138,7 +141,8 @@ int main(int argc, char ** argv) {
     else if (!strcmp(ty, "q3_K"))   { qk = 256; bsz = 110; sc_off = 108; plain = ggml_dsc_gemv_q3_K_q8_K; k_col = true; }
     else if (!strcmp(ty, "q2_K"))   { qk = 256; bsz = 84; nscale = 2; sc_off = 80; plain = ggml_dsc_gemv_q2_K_q8_K; k_col = true; }
     else { fprintf(stderr, "unknown TYPE %s\n", ty); return 2; }
-    const bool repacked = !strcmp(ty, "q4_0x8") || !strcmp(ty, "mxfp4x8") || !strcmp(ty, "q4_Kx8");
+    const bool q2_Kx8 = !strcmp(ty, "q2_Kx8");
+    const bool repacked = !strcmp(ty, "q4_0x8") || !strcmp(ty, "mxfp4x8") || !strcmp(ty, "q4_Kx8") || q2_Kx8;
     if (!repacked && !plain) { fprintf(stderr, "no %s GEMV in this build\n", ty); return 2; }
     if (n % qk != 0 || (!plain && rows % 8 != 0)) { fprintf(stderr, "N must be a multiple of %d (ROWS of 8)\n", qk); return 2; }
 
@@ -179,7 +183,8 @@ int main(int argc, char ** argv) {
                 const long g0 = rows / 8 * part / nt, g1 = rows / 8 * (part + 1) / nt;
                 float * dst = s.data() + mm * rows + 8 * g0;
                 const uint8_t * src = w.data() + mm * mat + (size_t) g0 * 8 * row_bytes;
-                if (k_col)     ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                if (q2_Kx8)    ggml::cpu::repack::gemv<block_q2_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
+                else if (k_col) ggml::cpu::repack::gemv<block_q4_K, 8, 8, GGML_TYPE_Q8_K>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
                 else if (e8m0) ggml::cpu::repack::gemv<block_mxfp4, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
                 else           ggml::cpu::repack::gemv<block_q4_0, 8, 8, GGML_TYPE_Q8_0>(n, dst, rows, src, y.data(), 1, (int) (8 * (g1 - g0)));
             }

@@ -194,6 +194,13 @@ def _mix_rules(experts: str, every_token: str, embeddings: str, output: str) -> 
             (DENSE_FFN, every_token), (EMBEDDINGS, embeddings), (OUTPUT, output))
 
 
+def _low_bit_rules(experts: str, every_token: str, down: str | None = None) -> tuple:
+    """A mix below 4 bits: the routed experts' type (`down` for their ffn_down, if another), one type
+    for what every token reads and for the embeddings; the output q8_0."""
+    rules = _mix_rules(experts, every_token, embeddings=every_token, output="q8_0")
+    return ((r"\.ffn_down_exps\.weight$", down), *rules) if down else rules
+
+
 DEEPSEEK_MIXES = (
     Scheme("ds-q4", "DeepSeek mix below q4_k_m's size, as fast: routed experts q4_0; attention, "
            "shared experts, dense layers and embeddings q6_K (q8_0 where rows are not "
@@ -217,21 +224,19 @@ DEEPSEEK_MIXES = (
     # q4_0 there (llama.cpp's rule); V3's 2048-wide ones take the k-quant.
     Scheme("ds-q3", "DeepSeek mix at 3.5 bits per weight on V3 (4.0 on V2-Lite): routed experts "
            "q3_K; attention, shared experts, dense layers and embeddings q6_K; output q8_0",
-           "q3_k_m", _mix_rules("q3_K", "q6_K", embeddings="q6_K", output="q8_0"), wants_imatrix=True),
+           "q3_k_m", _low_bit_rules("q3_K", "q6_K"), wants_imatrix=True),
     Scheme("ds-q2", "DeepSeek mix at 3.0 bits per weight on V3 (3.5 on V2-Lite): routed experts "
            "q2_K (ffn_down q3_K); attention, shared experts, dense layers and embeddings q6_K; output q8_0",
-           "q2_k", ((r"\.ffn_down_exps\.weight$", "q3_K"),
-                    *_mix_rules("q2_K", "q6_K", embeddings="q6_K", output="q8_0")), wants_imatrix=True),
+           "q2_k", _low_bit_rules("q2_K", "q6_K", down="q3_K"), wants_imatrix=True),
     # The same experts with everything else at q8_0: a file as small, half the KL divergence where
     # inputs have outlier channels, ~16% more bytes read per decoded token on V3 (what every token
     # reads is ~60% of a V3 token's bytes at q6_K).
     Scheme("ds-q3-q8", "ds-q3 with everything but the routed experts at q8_0: the file barely larger, "
            "closer to the original; a decoded V3 token reads ~16% more",
-           "q3_k_m", _mix_rules("q3_K", "q8_0", embeddings="q8_0", output="q8_0"), wants_imatrix=True),
+           "q3_k_m", _low_bit_rules("q3_K", "q8_0"), wants_imatrix=True),
     Scheme("ds-q2-q8", "ds-q2 with everything but the routed experts at q8_0: the file barely larger, "
            "closer to the original; a decoded V3 token reads ~17% more",
-           "q2_k", ((r"\.ffn_down_exps\.weight$", "q3_K"),
-                    *_mix_rules("q2_K", "q8_0", embeddings="q8_0", output="q8_0")), wants_imatrix=True),
+           "q2_k", _low_bit_rules("q2_K", "q8_0", down="q3_K"), wants_imatrix=True),
     # DeepSeek-V4: its release already stores the routed experts in 4 bits (MXFP4); they are copied
     # bit for bit. The mHC mixing matrices and the compressors' position biases steer every token
     # and are tiny: they stay f32 (llama.cpp's own MXFP4_MOE type would round them to q8_0).

@@ -69,15 +69,16 @@ def experts_only_scheme(expert_type: str):
 ROUTED = r"ffn_(gate|up|down)_exps"
 DOWN = r"ffn_down_exps"
 NARROW = r"attn_(k_b|v_b|kv_b)"   # rows of 64-512 weights (kv_b: kv_lora_rank): q8_0, as our mixes' fallback
-EVERY_TOKEN = r"attn_|ffn_(gate|up|down)_shexp|ffn_(gate|up|down)\.weight"
+DENSE = r"ffn_(gate|up|down)\.weight"   # the dense lead layers' FFN: q8_0, as in our mixes
+EVERY_TOKEN = r"attn_|ffn_(gate|up|down)_shexp"
 
 
 def ik_recipe(experts: str, down: str | None = None, embeddings: str = "iq6_k",
               output: str = "q8_0") -> tuple[tuple[str, str], ...]:
-    """Our mixes' layout in ik's types: experts low (ffn_down one step up at 2 bits), what every
-    token reads at ~6.6 bits (iq6_k; q8_0 for rows no 256-block fits); embeddings and output as our
-    mix of that size has them (every mix: q6_K and q8_0)."""
-    return ((DOWN, down or experts), (ROUTED, experts), (NARROW, "q8_0"), (EVERY_TOKEN, "iq6_k"),
+    """Our mixes' layout in ik's types: experts low (ffn_down one step up at 2 bits), attention and
+    shared experts at ~6.6 bits (iq6_k; q8_0 for rows no 256-block fits), the dense layers' FFN
+    q8_0; embeddings and output as our mixes have them (q6_K and q8_0)."""
+    return ((DOWN, down or experts), (ROUTED, experts), (NARROW, "q8_0"), (DENSE, "q8_0"), (EVERY_TOKEN, "iq6_k"),
             (r"token_embd", embeddings), (r"^output\.weight", output))
 
 

@@ -189,9 +189,11 @@ OUTPUT = r"^output\.weight$"
 
 def _mix_rules(experts: str, every_token: str, embeddings: str, output: str) -> tuple:
     """A DeepSeek mix's rules: the routed experts' type, one type for what every token reads
-    (attention, shared experts, dense layers), and the embeddings' and output's."""
+    (attention, shared experts), and the embeddings' and output's. The dense lead layers' FFN is
+    q8_0 in every mix: 1% of a V3 token's bytes, and on the trained model (an outlier-channel form
+    above all) the tensors whose rounding costs most per byte (docs/quantization.md, the frontier)."""
     return ((ROUTED_EXPERTS, experts), (ATTENTION, every_token), (SHARED_EXPERTS, every_token),
-            (DENSE_FFN, every_token), (EMBEDDINGS, embeddings), (OUTPUT, output))
+            (DENSE_FFN, "q8_0"), (EMBEDDINGS, embeddings), (OUTPUT, output))
 
 
 def _low_bit_rules(experts: str, every_token: str, down: str | None = None) -> tuple:
@@ -203,8 +205,8 @@ def _low_bit_rules(experts: str, every_token: str, down: str | None = None) -> t
 
 DEEPSEEK_MIXES = (
     Scheme("ds-q4", "DeepSeek mix below q4_k_m's size, as fast: routed experts q4_0; attention, "
-           "shared experts, dense layers and embeddings q6_K (q8_0 where rows are not "
-           "256-wide); output q8_0",
+           "shared experts and embeddings q6_K (q8_0 where rows are not 256-wide); dense "
+           "layers and output q8_0",
            "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q6_K", output="q8_0")),
     Scheme("ds-q4-q8", "ds-q4 with everything but the routed experts at q8_0: closer to the "
            "original, a little larger, decode a little slower",
@@ -213,7 +215,7 @@ DEEPSEEK_MIXES = (
            "256-wide): for models whose experts lose more to q4_0; slower decode",
            "q4_k_m", _mix_rules("q4_K", "q8_0", embeddings="q8_0", output="q8_0")),
     Scheme("ds-q4-lean", "DeepSeek mix near q4_0's size: routed experts and embeddings q4_0; "
-           "attention, shared experts and dense layers q6_K; output q6_K",
+           "attention and shared experts q6_K; dense layers q8_0; output q6_K",
            "q4_0", _mix_rules("q4_0", "q6_K", embeddings="q4_0", output="q6_K")),
     # Below 4 bits: what CPU users of the 671B models run (R1/V3 at 2-3.5 bits per weight). Only the
     # routed experts go below 4 bits; what every token reads stays at 6. ffn_down of the experts is
@@ -223,19 +225,20 @@ DEEPSEEK_MIXES = (
     # V2-Lite's expert rows (1408 wide) do not fill 256-wide blocks: its ffn_down_exps falls back to
     # q4_0 there (llama.cpp's rule); V3's 2048-wide ones take the k-quant.
     Scheme("ds-q3", "DeepSeek mix at 3.5 bits per weight on V3 (4.0 on V2-Lite): routed experts "
-           "q3_K; attention, shared experts, dense layers and embeddings q6_K; output q8_0",
+           "q3_K; attention, shared experts and embeddings q6_K; dense layers and output q8_0",
            "q3_k_m", _low_bit_rules("q3_K", "q6_K"), wants_imatrix=True),
     Scheme("ds-q2", "DeepSeek mix at 3.0 bits per weight on V3 (3.5 on V2-Lite): routed experts "
-           "q2_K (ffn_down q3_K); attention, shared experts, dense layers and embeddings q6_K; output q8_0",
+           "q2_K (ffn_down q3_K); attention, shared experts and embeddings q6_K; dense layers and "
+           "output q8_0",
            "q2_k", _low_bit_rules("q2_K", "q6_K", down="q3_K"), wants_imatrix=True),
-    # The same experts with everything else at q8_0: a file as small, half the KL divergence where
-    # inputs have outlier channels, ~16% more bytes read per decoded token on V3 (what every token
+    # The same experts with everything else at q8_0: a file as small, 0.6x the KL divergence where
+    # inputs have outlier channels, ~15% more bytes read per decoded token on V3 (what every token
     # reads is ~60% of a V3 token's bytes at q6_K).
     Scheme("ds-q3-q8", "ds-q3 with everything but the routed experts at q8_0: the file barely larger, "
-           "closer to the original; a decoded V3 token reads ~16% more",
+           "closer to the original; a decoded V3 token reads ~14% more",
            "q3_k_m", _low_bit_rules("q3_K", "q8_0"), wants_imatrix=True),
     Scheme("ds-q2-q8", "ds-q2 with everything but the routed experts at q8_0: the file barely larger, "
-           "closer to the original; a decoded V3 token reads ~17% more",
+           "closer to the original; a decoded V3 token reads ~15% more",
            "q2_k", _low_bit_rules("q2_K", "q8_0", down="q3_K"), wants_imatrix=True),
     # DeepSeek-V4: its release already stores the routed experts in 4 bits (MXFP4); they are copied
     # bit for bit. The mHC mixing matrices and the compressors' position biases steer every token

@@ -116,13 +116,18 @@ def recipe_bits_per_weight(recipe, shape: str) -> float:
         count = 1
         for d in p.shape:
             count *= int(d)
-        if p.qtype(gguf.GGMLQuantizationType.F16) == gguf.GGMLQuantizationType.F32 or len(p.shape) < 2:
-            t = "f32"
-        else:
-            t = next((ty for pat, ty in recipe if re.search(pat, p.name)), "q8_0")
-        bits += _bits(t, int(p.shape[-1])) * count
+        bits += _recipe_bits(recipe, p.name, p.shape, p.qtype(gguf.GGMLQuantizationType.F16)) * count
         n += count
     return bits / n
+
+
+def _recipe_bits(recipe, name: str, shape, ctype) -> float:
+    """Bits per weight an ik recipe gives one tensor: f32 where our converter keeps f32 (norms,
+    biases, 1-D), else the first matching rule's type, q8_0 (the file type) if none."""
+    import gguf
+    if ctype == gguf.GGMLQuantizationType.F32 or len(shape) < 2:
+        return _bits("f32", int(shape[-1]))
+    return _bits(next((ty for pat, ty in recipe if re.search(pat, name)), "q8_0"), int(shape[-1]))
 
 
 def decode_gb_per_token(tensor_bits, shape: str = "v3") -> float:
@@ -164,13 +169,7 @@ def scheme_decode_gb(scheme, shape: str = "v3") -> float:
 
 def recipe_decode_gb(recipe, shape: str = "v3") -> float:
     """decode_gb_per_token for an ik recipe (types as recipe_bits_per_weight picks them)."""
-    import gguf
-
-    def bits(name, shp, ctype):
-        if ctype == gguf.GGMLQuantizationType.F32 or len(shp) < 2:
-            return 32.0
-        return _bits(next((ty for pat, ty in recipe if re.search(pat, name)), "q8_0"), int(shp[-1]))
-    return decode_gb_per_token(bits, shape)
+    return decode_gb_per_token(lambda name, shp, ctype: _recipe_bits(recipe, name, shp, ctype), shape)
 
 
 def file_bits_per_weight(path: Path) -> float:
